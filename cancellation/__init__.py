@@ -1,0 +1,23 @@
+"""The shared math of token-gradient cancellation in group-relative RL: pure torch, no I/O.
+
+Modules: ``advantages``, ``aggregation``, ``objectives``, ``transforms``, ``batching``, ``diagnostics``.
+Shapes and names follow DESIGN.md ("The data that flows").
+"""
+
+from .advantages import group_advantages, reweight_advantages
+from .aggregation import AGGREGATIONS, aggregate
+from .objectives import METRIC_KEYS, OBJECTIVES, compute_loss, objective_names
+from .transforms import TRANSFORMS, get_transform
+
+__all__ = [
+    "AGGREGATIONS",
+    "METRIC_KEYS",
+    "OBJECTIVES",
+    "TRANSFORMS",
+    "aggregate",
+    "compute_loss",
+    "get_transform",
+    "group_advantages",
+    "objective_names",
+    "reweight_advantages",
+]

@@ -1,0 +1,86 @@
+"""Group-relative advantages and Advantage Reweighting.
+
+Shapes follow DESIGN.md: ``rewards`` (B,), ``group`` (B,), ``advantages`` (B,) or (B, T) after a
+per-token reweighting.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ._checks import check_1d, check_2d, check_finite, check_group, group_index, group_sum
+
+SCALES = ("group", "batch", "none")
+
+
+def group_advantages(
+    rewards: Tensor,
+    group: Tensor,
+    scale: str = "group",
+    eps: float = 1e-6,
+    unbiased: bool = True,
+) -> Tensor:
+    """Group-relative advantage of every completion.
+
+    Args:
+        rewards: (B,) one scalar reward per completion.
+        group: (B,) integer id of the prompt each completion answers; groups may have any sizes and
+            appear in any order in the batch.
+        scale: ``"group"``: divide by the group's reward std (GRPO, DFPO eq. 43); ``"batch"``: divide by
+            the std of all rewards in the batch (TRL's ``scale_rewards="batch"``); ``"none"``: no
+            division (Dr. GRPO; the toy of App. A eq. 29 uses this).
+        eps: added to the std before dividing, as TRL (1e-4) and verl (1e-6) do; verl's value is the default.
+        unbiased: Bessel-corrected std (``torch.std``'s default, which TRL and verl use).
+
+    Returns:
+        (B,) advantages. Each group's advantages sum to zero. A group whose rewards are all equal
+        (including a group of one) gets exactly zero advantages, never NaN.
+    """
+    check_1d("rewards", rewards)
+    check_group(group, rewards.shape[0])
+    check_finite("rewards", rewards)
+    if scale not in SCALES:
+        raise ValueError(f"unknown scale {scale!r}; valid: {', '.join(SCALES)}")
+    rewards = rewards.to(torch.promote_types(rewards.dtype, torch.float32))
+    inverse, n_groups = group_index(group)
+    counts = group_sum(torch.ones_like(rewards), inverse, n_groups)
+    mean = group_sum(rewards, inverse, n_groups) / counts
+    # DFPO eq. (43) numerator, App. A eq. (29): r_i - mean_j r_j within the group
+    centred = rewards - mean[inverse]
+    if scale == "none":
+        return centred
+    if scale == "group":
+        sq = group_sum(centred * centred, inverse, n_groups)
+        denom = (counts - 1.0).clamp(min=1.0) if unbiased else counts
+        std = (sq / denom).sqrt()[inverse]
+    else:
+        std = rewards.std(unbiased=unbiased) if rewards.numel() > 1 else rewards.new_zeros(())
+    # DFPO eq. (43): (r_i - mean) / std; all-equal groups have centred == 0 exactly, so 0 / eps = 0
+    return centred / (std + eps)
+
+
+def reweight_advantages(advantages: Tensor, old_logp: Tensor, alpha: float) -> Tensor:
+    """Advantage Reweighting (Lopti notes, ``004_47ee6b4fd7efa914.txt``): A · [α·π_old + (1 − α)].
+
+    Computed once from the old policy's token probability, for both signs of A, as the public Lopti
+    code does (α = 0.2 alone, 0.3 together with Lopti).
+
+    Args:
+        advantages: (B,) per-completion or (B, T) per-token advantages.
+        old_logp: (B, T) log π_old of each sampled token.
+        alpha: in [0, 1]; 0 leaves the advantages unchanged, 1 scales each token by its π_old.
+    Returns:
+        (B, T) per-token advantages.
+    """
+    check_2d("old_logp", old_logp)
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+    if advantages.dim() == 1:
+        check_1d("advantages", advantages, old_logp.shape[0])
+        advantages = advantages[:, None]
+    else:
+        check_2d("advantages", advantages, tuple(old_logp.shape))
+    pi_old = old_logp.detach().exp()
+    # Lopti notes: Â_{i,t} ← [α·π_old(o_{i,t}) + (1 − α)]·Â_{i,t}
+    return advantages * (alpha * pi_old + (1.0 - alpha))

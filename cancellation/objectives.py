@@ -1,0 +1,415 @@
+"""Group-relative objectives as registered pure functions.
+
+Every objective has the signature::
+
+    fn(logp, old_logp, advantages, mask, group, *, aggregation="token-mean", **params) -> (loss, metrics)
+
+- ``logp``: (B, T) log π_θ of each sampled token (carries the gradient);
+- ``old_logp``: (B, T) log π_old of the same tokens (no gradient);
+- ``advantages``: (B,) one per completion, or (B, T) per token (Advantage Reweighting);
+- ``mask``: (B, T) 1 for completion tokens, 0 for padding;
+- ``group``: (B,) integer prompt id of each completion.
+
+``loss`` is the negative objective (minimising it ascends J); ``metrics`` is a flat dict of floats
+with the same keys for every objective (see ``METRIC_KEYS``).
+
+An objective is built in three separate layers (DESIGN.md): weights (token ratios r, sequence ratio
+s, clipping), an optional group transform (``transforms``), and aggregation (``aggregation``).
+Sequence-level objectives broadcast their per-sequence term to every token of the sequence, so
+``seq-mean-token-mean`` gives exactly (1/G) Σ_i term_i, GSPO's eq. (42); this is also how TRL and
+verl implement sequence-level importance sampling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ._checks import check_1d, check_2d, check_finite, check_group, check_mask, group_index, group_sum
+from .aggregation import aggregate, aggregation_names
+from .transforms import get_transform
+
+#: Metric keys every objective returns (the toy, the trainer's logs and the app share them).
+METRIC_KEYS = (
+    "loss",
+    "objective",
+    "clip/low_frac",
+    "clip/high_frac",
+    "clip/frac",
+    "ratio/mean",
+    "ratio/min",
+    "ratio/max",
+    "seq_ratio/mean",
+    "weight/mean",
+    "weight/group_std",
+    "asym",
+    "zero_adv_group_frac",
+    "kl",
+)
+
+Objective = Callable[..., tuple[Tensor, dict[str, float]]]
+OBJECTIVES: dict[str, Objective] = {}
+
+
+def register(name: str) -> Callable[[Objective], Objective]:
+    """Decorator: register an objective under ``name``."""
+
+    def deco(fn: Objective) -> Objective:
+        OBJECTIVES[name] = fn
+        return fn
+
+    return deco
+
+
+def objective_names() -> list[str]:
+    return list(OBJECTIVES)
+
+
+# --------------------------------------------------------------------------------------------
+# layer 1: weights
+
+
+def _log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+    """(B, T) log r = logp − sg(old_logp), set to 0 on padding (whatever the padding holds)."""
+    return torch.where(mask.bool(), logp - old_logp.detach(), torch.zeros_like(logp))
+
+
+def _masked_mean(x: Tensor, mask: Tensor) -> Tensor:
+    return (x * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+
+
+def sequence_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, length_norm: bool = True) -> Tensor:
+    """log s_i: (B,) the mean (GSPO) or sum (plain sequence IS) of the token log-ratios."""
+    log_r = _log_ratio(logp, old_logp, mask)
+    # DFPO eq. (44): s_i = exp((1/|y_i|) Σ_t log r_{i,t});  eq. (11)/(31): s_i = Π_t r_{i,t}
+    return _masked_mean(log_r, mask) if length_norm else log_r.sum(-1)
+
+
+def sign_aware_clip(weights: Tensor, advantages: Tensor, epsilon_low: float, epsilon_high: float) -> Tensor:
+    """The sign-aware post-clip weight s̄ (DFPO eq. 47), elementwise.
+
+    min(w·A, clip(w)·A) == A·s̄ exactly for both signs of A (eq. 48–49).
+    """
+    # DFPO eq. (46): c = clip(w, 1 − ε_low, 1 + ε_high)
+    clipped = weights.clamp(1.0 - epsilon_low, 1.0 + epsilon_high)
+    # DFPO eq. (47): s̄ = min(w, c) if Â ≥ 0 else max(w, c)
+    return torch.where(advantages >= 0, torch.minimum(weights, clipped), torch.maximum(weights, clipped))
+
+
+# --------------------------------------------------------------------------------------------
+# shared tail: KL, aggregation, metrics
+
+
+def _validate(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, group: Tensor) -> None:
+    check_2d("logp", logp)
+    shape = (logp.shape[0], logp.shape[1])
+    check_2d("old_logp", old_logp, shape)
+    check_mask(mask, shape)
+    if advantages.dim() == 1:
+        check_1d("advantages", advantages, shape[0])
+    else:
+        check_2d("advantages", advantages, shape)
+    check_group(group, shape[0])
+    check_finite("advantages", advantages)
+    check_finite("old_logp", torch.where(mask.bool(), old_logp, torch.zeros_like(old_logp)))
+
+
+def _eps(params: dict[str, Any], low: float, high: float) -> tuple[float, float]:
+    e_low = float(params.pop("epsilon_low", low))
+    e_high = float(params.pop("epsilon_high", high))
+    if not (0.0 <= e_low < 1.0) or e_high < 0.0:
+        raise ValueError(f"clip range needs 0 ≤ epsilon_low < 1 and epsilon_high ≥ 0, got {e_low}, {e_high}")
+    return e_low, e_high
+
+
+def _finish(
+    name: str,
+    per_token_obj: Tensor,
+    *,
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    group: Tensor,
+    aggregation: str,
+    params: dict[str, Any],
+    token_ratio: Tensor,
+    seq_ratio: Tensor,
+    weights: Tensor,
+    low_clipped: Tensor,
+    high_clipped: Tensor,
+    with_metrics: bool,
+) -> tuple[Tensor, dict[str, float]]:
+    """Aggregate −objective (+ β·KL), and compute the shared metrics.
+
+    ``weights`` (B,) is w_i, the trajectory-level weight of eq. (23): the (transformed) post-clip
+    sequence weight for sequence-level objectives, the mean post-clip token weight otherwise.
+    """
+    beta = float(params.pop("beta", 0.0))
+    ref_logp = params.pop("ref_logp", None)
+    agg_kwargs = {k: params.pop(k) for k in ("norm_constant", "token_count", "seq_count") if k in params}
+    if params:
+        raise TypeError(f"objective {name!r} got unknown parameter(s): {', '.join(sorted(params))}")
+    per_token_loss = -per_token_obj
+    kl = None
+    if beta != 0.0:
+        if ref_logp is None:
+            raise ValueError("beta > 0 needs `ref_logp`, the (B, T) log-probs of the reference policy")
+        check_2d("ref_logp", ref_logp, tuple(logp.shape))
+        delta = ref_logp.detach() - logp
+        # k3 estimator (Schulman): KL(π_θ‖π_ref) ≈ exp(ref − logp) − (ref − logp) − 1 per token
+        kl = delta.exp() - delta - 1.0
+        per_token_loss = per_token_loss + beta * kl
+    loss = aggregate(per_token_loss, mask, aggregation, **agg_kwargs)
+    if not with_metrics:
+        return loss, {}
+    with torch.no_grad():
+        m = mask.to(logp.dtype)
+        n_tok = m.sum()
+        adv_seq = advantages if advantages.dim() == 1 else _masked_mean(advantages, m)
+        inverse, n_groups = group_index(group)
+        counts = group_sum(torch.ones_like(adv_seq), inverse, n_groups)
+        # DFPO eq. (23): Asym = Var_i(w_i Â_i) within a group (population variance), averaged over groups
+        mod = weights.detach() * adv_seq
+        mod_mean = group_sum(mod, inverse, n_groups) / counts
+        asym = group_sum((mod - mod_mean[inverse]) ** 2, inverse, n_groups) / counts
+        w = weights.detach()
+        w_mean = group_sum(w, inverse, n_groups) / counts
+        w_std = (group_sum((w - w_mean[inverse]) ** 2, inverse, n_groups) / counts).sqrt()
+        zero_groups = group_sum((adv_seq != 0).to(m.dtype), inverse, n_groups) == 0
+        valid = mask.bool()
+        r = token_ratio.detach()[valid]
+        metrics = {
+            "loss": loss.detach(),
+            "objective": aggregate(per_token_obj.detach(), mask, aggregation, **agg_kwargs),
+            "clip/low_frac": (low_clipped & valid).sum() / n_tok,
+            "clip/high_frac": (high_clipped & valid).sum() / n_tok,
+            "clip/frac": ((low_clipped | high_clipped) & valid).sum() / n_tok,
+            "ratio/mean": r.mean(),
+            "ratio/min": r.min(),
+            "ratio/max": r.max(),
+            "seq_ratio/mean": seq_ratio.detach().mean(),
+            "weight/mean": w.mean(),
+            "weight/group_std": w_std.mean(),
+            "asym": asym.mean(),
+            "zero_adv_group_frac": zero_groups.to(m.dtype).mean(),
+            "kl": (kl.detach() * m).sum() / n_tok if kl is not None else torch.zeros(()),
+        }
+        return loss, {k: float(v) for k, v in metrics.items()}
+
+
+# --------------------------------------------------------------------------------------------
+# the objectives
+
+
+@register("grpo")
+def grpo(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    group: Tensor,
+    *,
+    aggregation: str = "token-mean",
+    with_metrics: bool = True,
+    **params: Any,
+) -> tuple[Tensor, dict[str, float]]:
+    """GRPO's token-level clipped surrogate, with clip-higher (DAPO).
+
+    Params: ``epsilon_low`` (0.2), ``epsilon_high`` (0.2; DAPO uses 0.28), ``beta``, ``ref_logp``,
+    ``norm_constant``.
+    """
+    e_low, e_high = _eps(params, 0.2, 0.2)
+    adv = advantages if advantages.dim() == 2 else advantages[:, None]
+    log_r = _log_ratio(logp, old_logp, mask)
+    ratio = log_r.exp()
+    clipped = ratio.clamp(1.0 - e_low, 1.0 + e_high)
+    # DFPO eq. (77): min(r·A, clip(r, 1 − ε_low, 1 + ε_high)·A), per token
+    obj = torch.minimum(ratio * adv, clipped * adv)
+    with torch.no_grad():
+        low = (ratio < 1.0 - e_low) & (adv < 0)
+        high = (ratio > 1.0 + e_high) & (adv > 0)
+        m = mask.to(ratio.dtype)
+        weights = _masked_mean(sign_aware_clip(ratio, adv.expand_as(ratio), e_low, e_high), m)
+        seq = _masked_mean(log_r, m).exp()
+    return _finish(
+        "grpo", obj, logp=logp, old_logp=old_logp, advantages=advantages, mask=mask, group=group,
+        aggregation=aggregation, params=params, token_ratio=ratio, seq_ratio=seq, weights=weights,
+        low_clipped=low, high_clipped=high, with_metrics=with_metrics,
+    )  # fmt: skip
+
+
+@register("grpo_symclip")
+def grpo_symclip(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    group: Tensor,
+    *,
+    aggregation: str = "token-mean",
+    with_metrics: bool = True,
+    **params: Any,
+) -> tuple[Tensor, dict[str, float]]:
+    """GRPO-fix: symmetric clipping A·clip(r, 0, 1 + ε), the same operator for both signs of A.
+
+    Params: ``epsilon`` (0.2, the usual GRPO clip), ``beta``, ``ref_logp``, ``norm_constant``.
+    """
+    eps = float(params.pop("epsilon", 0.2))
+    if eps < 0:
+        raise ValueError(f"epsilon must be ≥ 0, got {eps}")
+    adv = advantages if advantages.dim() == 2 else advantages[:, None]
+    log_r = _log_ratio(logp, old_logp, mask)
+    ratio = log_r.exp()
+    # DFPO App. H eq. (79)-(80): φ(r) = clip(r, 0, 1 + ε);  term = Â·φ(r)
+    phi = ratio.clamp(0.0, 1.0 + eps)
+    obj = adv * phi
+    with torch.no_grad():
+        high = ratio > 1.0 + eps
+        m = mask.to(ratio.dtype)
+        weights = _masked_mean(phi, m)
+        seq = _masked_mean(log_r, m).exp()
+    return _finish(
+        "grpo_symclip", obj, logp=logp, old_logp=old_logp, advantages=advantages, mask=mask, group=group,
+        aggregation=aggregation, params=params, token_ratio=ratio, seq_ratio=seq, weights=weights,
+        low_clipped=torch.zeros_like(high), high_clipped=high, with_metrics=with_metrics,
+    )  # fmt: skip
+
+
+def _sequence_weights(
+    logp: Tensor, old_logp: Tensor, mask: Tensor, length_norm: bool
+) -> tuple[Tensor, Tensor, Tensor]:
+    m = mask.to(logp.dtype)
+    log_s = sequence_log_ratio(logp, old_logp, m, length_norm)
+    token_ratio = _log_ratio(logp.detach(), old_logp, m).exp()
+    return m, log_s.exp(), token_ratio
+
+
+@register("gspo")
+def gspo(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    group: Tensor,
+    *,
+    aggregation: str = "seq-mean-token-mean",
+    with_metrics: bool = True,
+    **params: Any,
+) -> tuple[Tensor, dict[str, float]]:
+    """GSPO: one clipped, length-normalised sequence ratio per completion (DFPO eq. 42-44).
+
+    Params: ``epsilon_low`` (3e-4) and ``epsilon_high`` (4e-4), GSPO's defaults; ``length_norm``
+    (True: s = exp(mean_t log r), eq. 44; False: s = Π_t r, the plain sequence-coupled weight of
+    eq. 11/31 that App. A's closed forms use); ``beta``, ``ref_logp``, ``norm_constant``.
+    With (B, T) advantages, each token's term is min(s·A_t, clip(s)·A_t).
+    """
+    e_low, e_high = _eps(params, 3e-4, 4e-4)
+    length_norm = bool(params.pop("length_norm", True))
+    m, s, token_ratio = _sequence_weights(logp, old_logp, mask, length_norm)
+    adv = advantages if advantages.dim() == 2 else advantages[:, None]
+    s_tok = s[:, None]
+    clipped = s_tok.clamp(1.0 - e_low, 1.0 + e_high)
+    # DFPO eq. (42): min(s_i·Â_i, clip(s_i, 1 − ε, 1 + ε)·Â_i), broadcast to the tokens of sequence i
+    obj = torch.minimum(s_tok * adv, clipped * adv).expand_as(logp)
+    with torch.no_grad():
+        adv_seq = advantages if advantages.dim() == 1 else _masked_mean(advantages, m)
+        low = ((s < 1.0 - e_low) & (adv_seq < 0))[:, None].expand_as(logp)
+        high = ((s > 1.0 + e_high) & (adv_seq > 0))[:, None].expand_as(logp)
+        weights = sign_aware_clip(s, adv_seq, e_low, e_high)
+    return _finish(
+        "gspo", obj, logp=logp, old_logp=old_logp, advantages=advantages, mask=mask, group=group,
+        aggregation=aggregation, params=params, token_ratio=token_ratio, seq_ratio=s, weights=weights,
+        low_clipped=low, high_clipped=high, with_metrics=with_metrics,
+    )  # fmt: skip
+
+
+@register("dfpo")
+def dfpo(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    group: Tensor,
+    *,
+    aggregation: str = "seq-mean-token-mean",
+    with_metrics: bool = True,
+    **params: Any,
+) -> tuple[Tensor, dict[str, float]]:
+    """DFPO: GSPO's sign-aware post-clip weight s̄ (eq. 47), then a group transform (App. B).
+
+    Params: ``transform`` (``min_replace`` default, ``orth_proj``, ``orth_proj_pos``,
+    ``truncate_rebalance``); ``stop_grad`` (True); ``epsilon_low``/``epsilon_high`` (GSPO's 3e-4 /
+    4e-4); ``length_norm`` (True); ``beta``, ``ref_logp``, ``norm_constant``.
+
+    Stop-gradient convention (App. C/D, eq. 59-62, 68): the transformed weight enters the loss as
+    s̃_i = sg(s̃_i / s̄_i)·s̄_i(θ), so its value is s̃_i and its gradient s̃_i·Â_i·∇log s̄_i: the
+    score direction of every token is scaled by the constant s̃_i, and a clipped sequence (whose s̄
+    is a constant) stays without gradient. ``stop_grad=False`` differentiates through the
+    transform instead (Table 3's "no stop-grad" ablation).
+
+    Needs one advantage per completion: (B, T) advantages raise, since the transforms act on the
+    group's advantage vector.
+    """
+    if advantages.dim() != 1:
+        raise ValueError(
+            "dfpo needs one advantage per completion, shape (B,), because its group transforms act on the "
+            "group's advantage vector; per-token (B, T) advantages (Advantage Reweighting) work with grpo, "
+            "grpo_symclip and gspo"
+        )
+    e_low, e_high = _eps(params, 3e-4, 4e-4)
+    length_norm = bool(params.pop("length_norm", True))
+    transform = get_transform(str(params.pop("transform", "min_replace")))
+    stop_grad = bool(params.pop("stop_grad", True))
+    _, s, token_ratio = _sequence_weights(logp, old_logp, mask, length_norm)
+    # DFPO eq. (47): sign-aware post-clip weight
+    s_bar = sign_aware_clip(s, advantages, e_low, e_high)
+    if stop_grad:
+        s_tilde_value = transform(s_bar.detach(), advantages, group)
+        # DFPO App. C/D, eq. (59)-(62): s̃ = sg(s̃ / s̄)·s̄(θ) (s̄ > 0 always, so the ratio is finite)
+        s_tilde = (s_tilde_value / s_bar.detach()) * s_bar
+    else:
+        s_tilde = transform(s_bar, advantages, group)
+    # DFPO eq. (49) with s̄ replaced by s̃: Â_i·s̃_i, broadcast to the tokens of sequence i
+    obj = (advantages * s_tilde)[:, None].expand_as(logp)
+    with torch.no_grad():
+        low = ((s < 1.0 - e_low) & (advantages < 0))[:, None].expand_as(logp)
+        high = ((s > 1.0 + e_high) & (advantages > 0))[:, None].expand_as(logp)
+    return _finish(
+        "dfpo", obj, logp=logp, old_logp=old_logp, advantages=advantages, mask=mask, group=group,
+        aggregation=aggregation, params=params, token_ratio=token_ratio, seq_ratio=s, weights=s_tilde,
+        low_clipped=low, high_clipped=high, with_metrics=with_metrics,
+    )  # fmt: skip
+
+
+def compute_loss(
+    name: str,
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    group: Tensor,
+    *,
+    aggregation: str | None = None,
+    with_metrics: bool = True,
+    **params: Any,
+) -> tuple[Tensor, dict[str, float]]:
+    """Validate the inputs and run the objective registered as ``name``.
+
+    ``aggregation`` defaults to the objective's own (``token-mean`` for the token-level objectives,
+    ``seq-mean-token-mean`` for gspo and dfpo, as in their papers). ``with_metrics=False`` skips the
+    metrics (the simulator's inner epochs use it for speed).
+    """
+    try:
+        fn = OBJECTIVES[name]
+    except KeyError:
+        raise ValueError(f"unknown objective {name!r}; valid: {', '.join(OBJECTIVES)}") from None
+    if aggregation is not None and aggregation not in aggregation_names():
+        raise ValueError(f"unknown aggregation {aggregation!r}; valid: {', '.join(aggregation_names())}")
+    _validate(logp, old_logp, advantages, mask, group)
+    if aggregation is not None:
+        params["aggregation"] = aggregation
+    return fn(logp, old_logp, advantages, mask, group, with_metrics=with_metrics, **params)
