@@ -23,7 +23,7 @@ verl implement sequence-level importance sampling.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -103,6 +103,20 @@ def sign_aware_clip(weights: Tensor, advantages: Tensor, epsilon_low: float, eps
 # shared tail: KL, aggregation, metrics
 
 
+class _Stats(NamedTuple):
+    """Metric-only quantities of one objective call (computed only when metrics are asked for).
+
+    ``weights`` (B,) is w_i, the trajectory-level weight of eq. (23): the (transformed) post-clip
+    sequence weight for sequence-level objectives, the mean post-clip token weight otherwise.
+    """
+
+    token_ratio: Tensor  # (B, T) r
+    seq_ratio: Tensor  # (B,) s
+    weights: Tensor  # (B,) w_i
+    low_clipped: Tensor  # (B, T) bool
+    high_clipped: Tensor  # (B, T) bool
+
+
 def _validate(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, group: Tensor) -> None:
     check_2d("logp", logp)
     shape = (logp.shape[0], logp.shape[1])
@@ -136,17 +150,11 @@ def _finish(
     group: Tensor,
     aggregation: str,
     params: dict[str, Any],
-    token_ratio: Tensor,
-    seq_ratio: Tensor,
-    weights: Tensor,
-    low_clipped: Tensor,
-    high_clipped: Tensor,
-    with_metrics: bool,
+    stats: Callable[[], _Stats] | None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """Aggregate −objective (+ β·KL), and compute the shared metrics.
+    """Aggregate −objective (+ β·KL), and compute the shared metrics from ``stats()``.
 
-    ``weights`` (B,) is w_i, the trajectory-level weight of eq. (23): the (transformed) post-clip
-    sequence weight for sequence-level objectives, the mean post-clip token weight otherwise.
+    ``stats`` is None when the caller wants no metrics (nothing metric-only is computed then).
     """
     beta = float(params.pop("beta", 0.0))
     ref_logp = params.pop("ref_logp", None)
@@ -164,9 +172,10 @@ def _finish(
         kl = delta.exp() - delta - 1.0
         per_token_loss = per_token_loss + beta * kl
     loss = aggregate(per_token_loss, mask, aggregation, **agg_kwargs)
-    if not with_metrics:
+    if stats is None:
         return loss, {}
     with torch.no_grad():
+        token_ratio, seq_ratio, weights, low_clipped, high_clipped = stats()
         m = mask.to(logp.dtype)
         n_tok = m.sum()
         adv_seq = advantages if advantages.dim() == 1 else _masked_mean(advantages, m)
@@ -229,16 +238,17 @@ def grpo(
     clipped = ratio.clamp(1.0 - e_low, 1.0 + e_high)
     # DFPO eq. (77): min(r·A, clip(r, 1 − ε_low, 1 + ε_high)·A), per token
     obj = torch.minimum(ratio * adv, clipped * adv)
-    with torch.no_grad():
-        low = (ratio < 1.0 - e_low) & (adv < 0)
-        high = (ratio > 1.0 + e_high) & (adv > 0)
+
+    def stats() -> _Stats:
         m = mask.to(ratio.dtype)
         weights = _masked_mean(sign_aware_clip(ratio, adv.expand_as(ratio), e_low, e_high), m)
-        seq = _masked_mean(log_r, m).exp()
+        low = (ratio < 1.0 - e_low) & (adv < 0)
+        high = (ratio > 1.0 + e_high) & (adv > 0)
+        return _Stats(ratio, _masked_mean(log_r, m).exp(), weights, low, high)
+
     return _finish(
         "grpo", obj, logp=logp, old_logp=old_logp, advantages=advantages, mask=mask, group=group,
-        aggregation=aggregation, params=params, token_ratio=ratio, seq_ratio=seq, weights=weights,
-        low_clipped=low, high_clipped=high, with_metrics=with_metrics,
+        aggregation=aggregation, params=params, stats=stats if with_metrics else None,
     )  # fmt: skip
 
 
@@ -267,25 +277,25 @@ def grpo_symclip(
     # DFPO App. H eq. (79)-(80): φ(r) = clip(r, 0, 1 + ε);  term = Â·φ(r)
     phi = ratio.clamp(0.0, 1.0 + eps)
     obj = adv * phi
-    with torch.no_grad():
-        high = ratio > 1.0 + eps
+
+    def stats() -> _Stats:
         m = mask.to(ratio.dtype)
-        weights = _masked_mean(phi, m)
-        seq = _masked_mean(log_r, m).exp()
+        high = ratio > 1.0 + eps
+        return _Stats(ratio, _masked_mean(log_r, m).exp(), _masked_mean(phi, m), torch.zeros_like(high), high)
+
     return _finish(
         "grpo_symclip", obj, logp=logp, old_logp=old_logp, advantages=advantages, mask=mask, group=group,
-        aggregation=aggregation, params=params, token_ratio=ratio, seq_ratio=seq, weights=weights,
-        low_clipped=torch.zeros_like(high), high_clipped=high, with_metrics=with_metrics,
+        aggregation=aggregation, params=params, stats=stats if with_metrics else None,
     )  # fmt: skip
 
 
 def _sequence_weights(
     logp: Tensor, old_logp: Tensor, mask: Tensor, length_norm: bool
-) -> tuple[Tensor, Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Callable[[], Tensor]]:
+    """(mask as float, s (B,), a function giving the (B, T) token ratios for the metrics)."""
     m = mask.to(logp.dtype)
     log_s = sequence_log_ratio(logp, old_logp, m, length_norm)
-    token_ratio = _log_ratio(logp.detach(), old_logp, m).exp()
-    return m, log_s.exp(), token_ratio
+    return m, log_s.exp(), lambda: _log_ratio(logp.detach(), old_logp, m).exp()
 
 
 @register("gspo")
@@ -315,15 +325,16 @@ def gspo(
     clipped = s_tok.clamp(1.0 - e_low, 1.0 + e_high)
     # DFPO eq. (42): min(s_i·Â_i, clip(s_i, 1 − ε, 1 + ε)·Â_i), broadcast to the tokens of sequence i
     obj = torch.minimum(s_tok * adv, clipped * adv).expand_as(logp)
-    with torch.no_grad():
+
+    def stats() -> _Stats:
         adv_seq = advantages if advantages.dim() == 1 else _masked_mean(advantages, m)
         low = ((s < 1.0 - e_low) & (adv_seq < 0))[:, None].expand_as(logp)
         high = ((s > 1.0 + e_high) & (adv_seq > 0))[:, None].expand_as(logp)
-        weights = sign_aware_clip(s, adv_seq, e_low, e_high)
+        return _Stats(token_ratio(), s, sign_aware_clip(s, adv_seq, e_low, e_high), low, high)
+
     return _finish(
         "gspo", obj, logp=logp, old_logp=old_logp, advantages=advantages, mask=mask, group=group,
-        aggregation=aggregation, params=params, token_ratio=token_ratio, seq_ratio=s, weights=weights,
-        low_clipped=low, high_clipped=high, with_metrics=with_metrics,
+        aggregation=aggregation, params=params, stats=stats if with_metrics else None,
     )  # fmt: skip
 
 
@@ -375,13 +386,15 @@ def dfpo(
         s_tilde = transform(s_bar, advantages, group)
     # DFPO eq. (49) with s̄ replaced by s̃: Â_i·s̃_i, broadcast to the tokens of sequence i
     obj = (advantages * s_tilde)[:, None].expand_as(logp)
-    with torch.no_grad():
+
+    def stats() -> _Stats:
         low = ((s < 1.0 - e_low) & (advantages < 0))[:, None].expand_as(logp)
         high = ((s > 1.0 + e_high) & (advantages > 0))[:, None].expand_as(logp)
+        return _Stats(token_ratio(), s, s_tilde, low, high)
+
     return _finish(
         "dfpo", obj, logp=logp, old_logp=old_logp, advantages=advantages, mask=mask, group=group,
-        aggregation=aggregation, params=params, token_ratio=token_ratio, seq_ratio=s, weights=s_tilde,
-        low_clipped=low, high_clipped=high, with_metrics=with_metrics,
+        aggregation=aggregation, params=params, stats=stats if with_metrics else None,
     )  # fmt: skip
 
 
