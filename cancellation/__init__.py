@@ -4,6 +4,7 @@ Modules: ``advantages``, ``aggregation``, ``objectives``, ``transforms``, ``batc
 Shapes and names follow DESIGN.md ("The data that flows").
 """
 
+from . import batching, diagnostics
 from .advantages import group_advantages, reweight_advantages
 from .aggregation import AGGREGATIONS, aggregate
 from .objectives import METRIC_KEYS, OBJECTIVES, compute_loss, objective_names
@@ -15,7 +16,9 @@ __all__ = [
     "OBJECTIVES",
     "TRANSFORMS",
     "aggregate",
+    "batching",
     "compute_loss",
+    "diagnostics",
     "get_transform",
     "group_advantages",
     "objective_names",
