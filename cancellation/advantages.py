@@ -48,6 +48,11 @@ def group_advantages(
     mean = group_sum(rewards, inverse, n_groups) / counts
     # DFPO eq. (43) numerator, App. A eq. (29): r_i - mean_j r_j within the group
     centred = rewards - mean[inverse]
+    # DFPO eq. (43): an all-equal group carries no signal; the rounded mean (e.g. 7 rewards of 0.9 in
+    # float32) must not leave a residue that 1/(std + eps) would blow up into a same-sign advantage
+    gmax = rewards.new_full((n_groups,), float("-inf")).scatter_reduce(0, inverse, rewards, reduce="amax")
+    gmin = rewards.new_full((n_groups,), float("inf")).scatter_reduce(0, inverse, rewards, reduce="amin")
+    centred = torch.where((gmax == gmin)[inverse], torch.zeros_like(centred), centred)
     if scale == "none":
         return centred
     if scale == "group":
@@ -56,7 +61,7 @@ def group_advantages(
         std = (sq / denom).sqrt()[inverse]
     else:
         std = rewards.std(unbiased=unbiased) if rewards.numel() > 1 else rewards.new_zeros(())
-    # DFPO eq. (43): (r_i - mean) / std; all-equal groups have centred == 0 exactly, so 0 / eps = 0
+    # DFPO eq. (43): (r_i - mean) / std; all-equal groups have centred == 0 exactly (above), so 0 / eps = 0
     return centred / (std + eps)
 
 

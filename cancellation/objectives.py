@@ -167,7 +167,8 @@ def _finish(
         if ref_logp is None:
             raise ValueError("beta > 0 needs `ref_logp`, the (B, T) log-probs of the reference policy")
         check_2d("ref_logp", ref_logp, tuple(logp.shape))
-        delta = ref_logp.detach() - logp
+        # 0 on padding, whatever the padding holds (exp of a huge padded difference would give inf·0 = NaN)
+        delta = torch.where(mask.bool(), ref_logp.detach() - logp, torch.zeros_like(logp))
         # k3 estimator (Schulman): KL(π_θ‖π_ref) ≈ exp(ref − logp) − (ref − logp) − 1 per token
         kl = delta.exp() - delta - 1.0
         per_token_loss = per_token_loss + beta * kl

@@ -1,0 +1,160 @@
+"""Tests of cancellation.advantages against plain per-group loops (reference.py) and hand-worked cases."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from cancellation.advantages import group_advantages, reweight_advantages
+
+try:  # tests/cancellation as a package or as a rootdir-less test folder
+    from . import reference as ref
+except ImportError:  # pragma: no cover
+    import reference as ref
+
+
+def _shuffled_groups(seed: int, ids: tuple[int, ...] = (17, 3, 42, 8, 101, 5)) -> list[int]:
+    """Unequal groups (sizes 1..9) with non-contiguous ids, shuffled through the batch."""
+    rng = random.Random(seed)
+    group = []
+    for gid in ids:
+        group += [gid] * rng.randint(1, 9)
+    rng.shuffle(group)
+    return group
+
+
+def _rewards(seed: int, n: int, kind: str) -> list[float]:
+    rng = random.Random(seed)
+    if kind == "binary":
+        return [float(rng.random() < 0.5) for _ in range(n)]
+    return [rng.uniform(-2.0, 3.0) for _ in range(n)]
+
+
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+@pytest.mark.parametrize("kind", ["uniform", "binary"])
+@pytest.mark.parametrize("seed", range(4))
+def test_group_advantages_equals_plain_loop(scale: str, kind: str, seed: int) -> None:
+    group = _shuffled_groups(seed)
+    rewards = _rewards(seed, len(group), kind)
+    got = group_advantages(torch.tensor(rewards, dtype=torch.float64), torch.tensor(group), scale=scale)
+    want = ref.group_advantages_floats(rewards, group, scale=scale, eps=1e-6)
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, torch.tensor(want, dtype=torch.float64), rtol=1e-12, atol=1e-12)
+    # each group's advantages sum to zero
+    for idx in ref.groups_of(group).values():
+        assert abs(sum(float(got[i]) for i in idx)) <= 1e-9 * max(1.0, max(abs(float(got[i])) for i in idx))
+
+
+@pytest.mark.parametrize("scale", ["group", "batch"])
+def test_group_advantages_population_std_and_eps(scale: str) -> None:
+    group = _shuffled_groups(11)
+    rewards = _rewards(11, len(group), "uniform")
+    got = group_advantages(
+        torch.tensor(rewards, dtype=torch.float64), torch.tensor(group), scale=scale, eps=1e-4, unbiased=False
+    )
+    want = ref.group_advantages_floats(rewards, group, scale=scale, eps=1e-4, unbiased=False)
+    torch.testing.assert_close(got, torch.tensor(want, dtype=torch.float64), rtol=1e-12, atol=1e-12)
+
+
+def test_group_advantages_hand_worked() -> None:
+    # group 7: rewards (1, 0, 0, 1): mean 0.5, Bessel std sqrt(1/3); group 2: (2, 4): mean 3, std sqrt(2)
+    rewards = torch.tensor([1.0, 2.0, 0.0, 4.0, 0.0, 1.0], dtype=torch.float64)
+    group = torch.tensor([7, 2, 7, 2, 7, 7])
+    got = group_advantages(rewards, group, eps=0.0)
+    a = 0.5 / math.sqrt(1.0 / 3.0)
+    b = 1.0 / math.sqrt(2.0)
+    torch.testing.assert_close(got, torch.tensor([a, -b, -a, b, -a, a], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_constant_groups_and_singletons_are_exactly_zero(dtype: torch.dtype, scale: str) -> None:
+    # rounding of the mean of 7 copies of 0.9 in float32 is not exact: the advantage must still be 0
+    values = [0.9] * 7 + [0.1] * 3 + [123.456] * 5 + [2.0] + [0.0, 1.0]
+    group = [1] * 7 + [2] * 3 + [3] * 5 + [4] + [5, 5]
+    order = list(range(len(values)))
+    random.Random(0).shuffle(order)
+    rewards = torch.tensor([values[i] for i in order], dtype=dtype)
+    gid = torch.tensor([group[i] for i in order])
+    got = group_advantages(rewards, gid, scale=scale)
+    assert not torch.isnan(got).any()
+    for i in range(len(order)):
+        if group[order[i]] != 5:
+            assert float(got[i]) == 0.0, (values[order[i]], group[order[i]], float(got[i]))
+    assert float(got[gid == 5].sum().abs()) < 1e-6
+    # all rewards identical, batch std 0: still exactly zero
+    flat = group_advantages(torch.full((6,), 0.7, dtype=dtype), torch.tensor([0, 0, 0, 1, 1, 2]), scale=scale)
+    assert torch.equal(flat, torch.zeros(6, dtype=dtype))
+
+
+def test_group_advantages_integer_rewards_become_float() -> None:
+    got = group_advantages(torch.tensor([1, 0, 1, 1]), torch.tensor([0, 0, 1, 1]), scale="none")
+    assert got.is_floating_point()
+    torch.testing.assert_close(got, torch.tensor([0.5, -0.5, 0.0, 0.0]))
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.2, 0.3, 1.0])
+def test_reweight_advantages_equals_loop_1d(alpha: float) -> None:
+    gen = torch.Generator().manual_seed(0)
+    adv = torch.randn(5, generator=gen, dtype=torch.float64)
+    old = -torch.rand(5, 7, generator=gen, dtype=torch.float64) * 4
+    got = reweight_advantages(adv, old, alpha)
+    want = ref.reweight_floats(adv.tolist(), old.tolist(), alpha)
+    assert got.shape == (5, 7)
+    torch.testing.assert_close(got, torch.tensor(want, dtype=torch.float64), rtol=1e-14, atol=1e-14)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.5, 1.0])
+def test_reweight_advantages_equals_loop_2d(alpha: float) -> None:
+    gen = torch.Generator().manual_seed(1)
+    adv = torch.randn(4, 6, generator=gen, dtype=torch.float64)
+    old = -torch.rand(4, 6, generator=gen, dtype=torch.float64) * 4
+    got = reweight_advantages(adv, old, alpha)
+    want = ref.reweight_floats(adv.tolist(), old.tolist(), alpha)
+    torch.testing.assert_close(got, torch.tensor(want, dtype=torch.float64), rtol=1e-14, atol=1e-14)
+
+
+def test_reweight_advantages_hand_worked() -> None:
+    # π_old = 0.5, α = 0.2: factor 0.2·0.5 + 0.8 = 0.9; π_old = 1: factor 1 (both signs alike)
+    got = reweight_advantages(
+        torch.tensor([2.0, -1.0], dtype=torch.float64),
+        torch.log(torch.tensor([[0.5, 1.0], [0.5, 1.0]])).double(),
+        0.2,
+    )
+    torch.testing.assert_close(got, torch.tensor([[1.8, 2.0], [-0.9, -1.0]], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("alpha", [-0.1, 1.5])
+def test_reweight_alpha_out_of_range(alpha: float) -> None:
+    with pytest.raises(ValueError, match=r"alpha must be in \[0, 1\]"):
+        reweight_advantages(torch.zeros(2), torch.zeros(2, 3), alpha)
+
+
+def test_reweight_shape_errors() -> None:
+    with pytest.raises(ValueError, match="advantages"):
+        reweight_advantages(torch.zeros(3), torch.zeros(2, 3), 0.2)
+    with pytest.raises(ValueError, match="advantages"):
+        reweight_advantages(torch.zeros(2, 4), torch.zeros(2, 3), 0.2)
+    with pytest.raises(ValueError, match="old_logp"):
+        reweight_advantages(torch.zeros(2), torch.zeros(2), 0.2)
+
+
+def test_group_advantages_errors() -> None:
+    g = torch.tensor([0, 0, 1])
+    with pytest.raises(ValueError, match=r"rewards.*NaN"):
+        group_advantages(torch.tensor([1.0, float("nan"), 0.0]), g)
+    with pytest.raises(ValueError, match=r"rewards.*shape"):
+        group_advantages(torch.zeros(3, 1), g)
+    with pytest.raises(ValueError, match=r"group.*B=4"):
+        group_advantages(torch.zeros(4), g)
+    with pytest.raises(TypeError, match=r"group.*integer"):
+        group_advantages(torch.zeros(3), torch.tensor([0.0, 0.0, 1.0]))
+    with pytest.raises(TypeError, match=r"group.*integer"):
+        group_advantages(torch.zeros(3), torch.tensor([True, False, True]))
+    with pytest.raises(ValueError, match=r"unknown scale 'std'.*group, batch, none"):
+        group_advantages(torch.zeros(3), g, scale="std")
+    with pytest.raises(TypeError, match=r"rewards.*torch.Tensor"):
+        group_advantages([1.0, 0.0, 1.0], g)  # type: ignore[arg-type]
