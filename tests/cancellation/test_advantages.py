@@ -10,10 +10,7 @@ import torch
 
 from cancellation.advantages import group_advantages, reweight_advantages
 
-try:  # tests/cancellation as a package or as a rootdir-less test folder
-    from . import reference as ref
-except ImportError:  # pragma: no cover
-    import reference as ref
+from . import reference as ref
 
 
 def _shuffled_groups(seed: int, ids: tuple[int, ...] = (17, 3, 42, 8, 101, 5)) -> list[int]:

@@ -7,10 +7,7 @@ import torch
 
 from cancellation.aggregation import AGGREGATIONS, aggregate
 
-try:  # tests/cancellation as a package or as a rootdir-less test folder
-    from . import reference as ref
-except ImportError:  # pragma: no cover
-    import reference as ref
+from . import reference as ref
 
 MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 

@@ -15,10 +15,7 @@ from torch import Tensor
 from cancellation.advantages import reweight_advantages
 from cancellation.objectives import METRIC_KEYS, OBJECTIVES, compute_loss, sign_aware_clip
 
-try:  # tests/cancellation as a package or as a rootdir-less test folder
-    from . import reference as ref
-except ImportError:  # pragma: no cover
-    import reference as ref
+from . import reference as ref
 
 F64 = torch.float64
 TRANSFORM_NAMES = ["min_replace", "orth_proj", "orth_proj_pos", "truncate_rebalance"]

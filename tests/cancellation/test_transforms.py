@@ -18,10 +18,7 @@ from cancellation.transforms import (
     truncate_rebalance,
 )
 
-try:  # tests/cancellation as a package or as a rootdir-less test folder
-    from . import reference as ref
-except ImportError:  # pragma: no cover
-    import reference as ref
+from . import reference as ref
 
 NAMES = ["min_replace", "orth_proj", "orth_proj_pos", "truncate_rebalance"]
 
