@@ -1,0 +1,413 @@
+"""Simulated group-relative RL training on a tabular scenario, with any ``cancellation`` objective.
+
+One call of ``simulate`` is one training run. Every step:
+
+1. freeze θ_old (a copy of the current logits);
+2. sample ``num_groups`` groups of ``group_size`` trajectories from π_old (each group gets its own
+   prompt id; all groups answer the same prompt distribution, the scenario's single prompt);
+3. rewards, then ``cancellation.group_advantages`` per group;
+4. reward-balanced batching (optional, ``reward_balanced_rho``): the groups join a FIFO buffer and an
+   update happens only when ``cancellation.batching.reward_balanced_select`` returns ``num_groups``
+   groups whose positive and negative fractions are each ≥ ρ (those groups leave the buffer);
+5. old log-probs from θ_old; Advantage Reweighting (optional, ``ar_alpha``);
+6. ``inner_epochs`` passes over the mini-batches (``batching="query"`` or ``"random"``,
+   ``num_minibatches``), each mini-batch one optimiser step on ``cancellation.compute_loss`` against
+   the frozen θ_old, so the ratios leave 1 after the first inner step and clipping and sequence
+   coupling act. Lopti (optional, ``lopti_eta``) runs this twice: first with the advantages zeroed
+   outside the low-probability tokens (π_old < η), then outside the others, with the same old
+   log-probs (so stage 2's ratios include stage 1's drift);
+7. one row of exact statistics at the parameters after the step's updates.
+
+Rows (``ROW_KEYS``, the same keys in every row, floats):
+
+- ``step``: 1-based, the row is taken after this step's updates;
+- ``updated``: 1.0 if the step updated the parameters (0.0 when reward-balanced batching deferred);
+- ``buffer_groups``: groups waiting in the reward-balanced buffer after the step (0 without it);
+- ``sampled_reward``: mean reward of the groups sampled this step;
+- ``expected_reward``, ``entropy`` (trajectory entropy, nats), ``equiv_entropy``, ``equiv_log_odds``:
+  exact, by enumeration (``TabularPolicy``);
+- ``template_kl``: exact Σ_h d_θ(h)·KL(π_θ(·|h) ‖ π_init(·|h)) over the scenario's template contexts
+  (learning tax), 0.0 when the scenario has none;
+- ``shared_residual``: how much of the step's applied update on shared context-token events fails to
+  cancel (DFPO eq. 2, 72): over every optimiser step of the step (inner epochs × mini-batches × Lopti
+  stages), the coefficients ∂J/∂logp that the step actually used, grouped into events (group,
+  context, action) by ``cancellation.diagnostics.shared_residual``, give Σ|net| / Σ gross over events
+  that occur at least twice (0: every shared event cancels; 1: none does). Forced steps (a context
+  with a single action, whose score direction is the zero vector) are left out. NaN when no shared
+  event got a non-zero coefficient (every advantage 0, or every sequence clipped);
+- ``group_shared_residual``: the same ratio restricted to the events that *every* completion of the
+  group contains (DFPO Prop. 3.1's event E_t*: all trajectories share the context-token pair), summed
+  per optimiser step over the occurrences in that step's mini-batch. Here Σ_i Â_i = 0 makes GRPO
+  inside its clip range cancel exactly (eq. 9), so what is left is what the objective or the
+  batching broke: sequence coupling (eq. 13), clipping (App. F), length normalisation (eq. 72), a
+  group split across mini-batches (002 Sec. 4). Events shared by only part of a group are excluded:
+  their Σ Â is not zero for any objective (that part is credit assignment, not lost cancellation);
+- the objective's metrics (``cancellation.METRIC_KEYS``: ``asym``, ``clip/low_frac``, ``ratio/mean``,
+  ...) from the last inner step, i.e. at the parameters just before the step's last optimiser step.
+
+Without an update (reward-balanced batching still waiting) ``shared_residual`` and the objective's
+metrics are NaN: there is no update to measure.
+
+Choices (each documented where it is made):
+
+- the gradient: autograd runs through ``compute_loss`` from a leaf (B, T) ``logp``; the log_softmax and
+  gather backward to the (C, K) logits is applied in closed form (``TabularPolicy.logits_grad``,
+  tested equal to autograd), which halves the cost of the hot loop;
+- the optimisers are ``torch.optim.SGD`` (no momentum) and ``torch.optim.Adam`` (its defaults);
+- an exact shortcut: with plain SGD, no KL term and every advantage of the batch 0, every objective's
+  gradient is exactly 0, so the backward passes are skipped (same rows, tested; Adam is never
+  skipped, its momentum moves the parameters on a zero gradient). Once the reward saturates most
+  steps are like that, which is most of the speed of long runs;
+- mini-batches are re-split at every inner epoch (as PPO
+implementations do); a buffered group's old log-probs are recomputed with the θ_old of the step that
+uses it (verl recomputes old log-probs with the actor before each update; the buffer's staleness is not
+corrected, as in the paper's description of an extra update condition on the rollout buffer).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from cancellation import METRIC_KEYS, OBJECTIVES, compute_loss, group_advantages, reweight_advantages
+from cancellation.batching import SPLIT_MODES, lopti_masks, reward_balanced_select, split_minibatches
+from cancellation.diagnostics import jitter2, shared_residual, steps_to_threshold
+
+from .policy import TabularPolicy
+from .scenarios import Scenario, get_scenario
+
+#: The keys of every row ``simulate`` returns, in order.
+ROW_KEYS: tuple[str, ...] = (
+    "step",
+    "updated",
+    "buffer_groups",
+    "sampled_reward",
+    "expected_reward",
+    "entropy",
+    "equiv_entropy",
+    "equiv_log_odds",
+    "template_kl",
+    "shared_residual",
+    "group_shared_residual",
+    *METRIC_KEYS,
+)
+
+OPTIMIZERS = ("sgd", "adam")
+
+#: Default learning rate per optimiser, chosen by a sweep (SGD 0.5 and 2.0; 2.0 saturates within ~10
+#: steps). With SGD at 0.5, G=8 and 4 inner epochs the expected reward reaches 0.9 after 6-140 steps
+#: (3 seeds, every scenario and objective): fastest GRPO on equivalent_solutions, slowest GSPO/DFPO on
+#: shared_prefix, since with GSPO's default clip range they clip most tokens after the first inner
+#: step. Adam normalises the step size per logit; at 0.05 it reaches 0.9 after 2-29 steps.
+DEFAULT_LR = {"sgd": 0.5, "adam": 0.05}
+
+
+def _make_optimizer(params: Tensor, kind: str, lr: float) -> torch.optim.Optimizer:
+    """``torch.optim`` SGD (no momentum) or Adam (its defaults) on the (C, K) logits.
+
+    Unused slots hold −inf and always get a zero gradient, so both leave them at −inf.
+    """
+    if kind == "sgd":
+        return torch.optim.SGD([params], lr=lr)
+    return torch.optim.Adam([params], lr=lr)
+
+
+def _check_int(name: str, value: Any, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"`{name}` must be an int, got {type(value).__name__}")
+    if value < low:
+        raise ValueError(f"`{name}` must be ≥ {low}, got {value}")
+    return value
+
+
+def _nan_metrics() -> dict[str, float]:
+    return {k: math.nan for k in METRIC_KEYS}
+
+
+def simulate(
+    scenario: Scenario | str,
+    objective: str,
+    steps: int = 200,
+    group_size: int = 8,
+    lr: float | None = None,
+    optimizer: str = "sgd",
+    inner_epochs: int = 4,
+    seed: int = 0,
+    *,
+    num_groups: int = 1,
+    batching: str = "query",
+    num_minibatches: int = 1,
+    reward_balanced_rho: float | None = None,
+    lopti_eta: float | None = None,
+    ar_alpha: float | None = None,
+    adv_scale: str = "group",
+    aggregation: str | None = None,
+    init_logits: Tensor | None = None,
+    max_buffer_groups: int | None = None,
+    callback: Callable[[int, Tensor], None] | None = None,
+    _skip_zero_advantage: bool = True,
+    **objective_params: Any,
+) -> list[dict[str, float]]:
+    """Train the scenario's tabular policy with ``objective``; one row per step (see the module docstring).
+
+    Args:
+        scenario: a ``Scenario`` or its name (``toymodel.SCENARIOS``).
+        objective: a registered objective (``grpo``, ``grpo_symclip``, ``gspo``, ``dfpo``).
+        steps: number of training steps (rows).
+        group_size: G, completions per group.
+        lr: learning rate; ``DEFAULT_LR[optimizer]`` when None.
+        optimizer: ``"sgd"`` (default: the update direction is exactly the objective's gradient, the
+            setting of the paper's first-order analysis, eq. 40) or ``"adam"``.
+        inner_epochs: passes over the mini-batches per step against the same θ_old (PPO epochs).
+        seed: seeds the one ``torch.Generator`` used for sampling and mini-batch splits; the same seed
+            gives identical rows.
+        num_groups: groups per step (each its own prompt id).
+        batching: ``"query"`` (query-preserved mini-batches) or ``"random"``.
+        num_minibatches: optimiser steps per inner epoch.
+        reward_balanced_rho: ρ of reward-balanced batching (None: off).
+        lopti_eta: η of Lopti's two-stage update (None: off).
+        ar_alpha: α of Advantage Reweighting (None: off).
+        adv_scale: ``group_advantages``'s ``scale`` (``"group"``, ``"batch"``, ``"none"``).
+        aggregation: the objective's aggregation (None: the objective's own default).
+        init_logits: (C, K) starting logits (the scenario's initial policy when None); also the
+            reference of ``template_kl``.
+        max_buffer_groups: reward-balanced buffer capacity; the oldest groups are dropped beyond it
+            (default 16·num_groups) so a run whose rewards saturate cannot grow it without bound.
+        callback: called after every step as ``callback(step, logits)`` with a copy of the (C, K) logits
+            (e.g. to animate the policy tables or to inspect the parameters in tests).
+        **objective_params: passed to the objective (``epsilon_low``, ``transform``, ``length_norm``, ...).
+    Returns:
+        ``steps`` rows, dicts with exactly the keys ``ROW_KEYS``, all floats.
+    """
+    sc = get_scenario(scenario)
+    policy: TabularPolicy = sc.policy()
+    if objective not in OBJECTIVES:
+        raise ValueError(f"unknown objective {objective!r}; valid: {', '.join(OBJECTIVES)}")
+    if objective == "dfpo" and (ar_alpha is not None or lopti_eta is not None):
+        raise ValueError(
+            "dfpo needs one advantage per completion (its group transforms act on the group's advantage "
+            "vector), but Advantage Reweighting (ar_alpha) and Lopti (lopti_eta) make them per token; "
+            "use them with grpo, grpo_symclip or gspo, or drop them for dfpo"
+        )
+    steps = _check_int("steps", steps, 0)
+    group_size = _check_int("group_size", group_size, 1)
+    inner_epochs = _check_int("inner_epochs", inner_epochs, 1)
+    num_groups = _check_int("num_groups", num_groups, 1)
+    num_minibatches = _check_int("num_minibatches", num_minibatches, 1)
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
+    lr = DEFAULT_LR[optimizer] if lr is None else float(lr)
+    if not (lr > 0.0 and math.isfinite(lr)):
+        raise ValueError(f"`lr` must be a finite number > 0, got {lr}")
+    if batching not in SPLIT_MODES:
+        raise ValueError(f"unknown batching {batching!r}; valid: {', '.join(SPLIT_MODES)}")
+    cap = (
+        16 * num_groups
+        if max_buffer_groups is None
+        else _check_int("max_buffer_groups", max_buffer_groups, 1)
+    )
+    if reward_balanced_rho is not None and cap < num_groups:
+        raise ValueError(f"`max_buffer_groups`={cap} must be ≥ num_groups={num_groups}")
+    loss_kwargs = dict(objective_params)
+    no_kl = float(objective_params.get("beta", 0.0)) == 0.0
+    if aggregation is not None:
+        loss_kwargs["aggregation"] = aggregation
+
+    init = sc.initial_logits() if init_logits is None else init_logits.detach().clone().to(policy.dtype)
+    policy.check_logits(init)
+    logits = init.clone()  # the parameters (a leaf); their .grad comes from ``policy.logits_grad``
+    opt = _make_optimizer(logits, optimizer, lr)
+    gen = torch.Generator().manual_seed(int(seed))
+    template_ids = sc.template_context_ids()
+    n_actions = policy.valid.sum(-1)
+    free_steps = policy.valid_steps & (n_actions[policy.ctx] > 1)  # (N, T): steps with a real choice
+    ck = policy.C * policy.K
+    batch = num_groups * group_size
+    within = torch.arange(num_groups).repeat_interleave(group_size)
+
+    buf_idx = torch.zeros(0, dtype=torch.long)
+    buf_group = torch.zeros(0, dtype=torch.long)
+    buf_adv = torch.zeros(0, dtype=policy.dtype)
+
+    rows: list[dict[str, float]] = []
+    for step in range(1, steps + 1):
+        lsm_old = torch.log_softmax(logits, -1)  # θ_old: frozen for the whole step
+        probs_old = (lsm_old[policy.ctx, policy.act] * policy.mask).sum(-1).exp()
+        idx = torch.multinomial(probs_old, batch, replacement=True, generator=gen)
+        group = within + (step - 1) * num_groups  # unique prompt ids across steps (the buffer mixes steps)
+        rewards = policy.rewards[idx]
+        adv = group_advantages(rewards, group, scale=adv_scale)
+        sampled_reward = float(rewards.mean())
+
+        updated = True
+        if reward_balanced_rho is not None:
+            buf_idx = torch.cat([buf_idx, idx])
+            buf_group = torch.cat([buf_group, group])
+            buf_adv = torch.cat([buf_adv, adv])
+            sel = reward_balanced_select(buf_adv, buf_group, float(reward_balanced_rho), num_groups)
+            if sel is None:
+                updated = False
+                n_buf = int(torch.unique(buf_group).numel())
+                if n_buf > cap:  # FIFO: drop the oldest groups (smallest ids) beyond the capacity
+                    keep = buf_group >= torch.unique(buf_group)[n_buf - cap]
+                    buf_idx, buf_group, buf_adv = buf_idx[keep], buf_group[keep], buf_adv[keep]
+            else:
+                idx, group, adv = buf_idx[sel], buf_group[sel], buf_adv[sel]
+                keep = torch.ones(buf_idx.shape[0], dtype=torch.bool)
+                keep[sel] = False
+                buf_idx, buf_group, buf_adv = buf_idx[keep], buf_group[keep], buf_adv[keep]
+        buffer_groups = float(torch.unique(buf_group).numel()) if reward_balanced_rho is not None else 0.0
+
+        metrics = _nan_metrics()
+        residual = group_residual = math.nan
+        if updated:
+            ctx_b, act_b, mask_b = policy.ctx[idx], policy.act[idx], policy.mask[idx]
+            old_logp = lsm_old[ctx_b, act_b] * mask_b
+            token_adv: Tensor = adv
+            if ar_alpha is not None:
+                # Lopti notes: Advantage Reweighting from π_old, once per step
+                token_adv = reweight_advantages(adv, old_logp, float(ar_alpha))
+            if lopti_eta is not None:
+                low, high = lopti_masks(old_logp, mask_b, float(lopti_eta))
+                full = token_adv if token_adv.dim() == 2 else token_adv[:, None].expand_as(old_logp)
+                # Lopti: low-probability tokens first, then the rest; a stage with no token is skipped
+                stages = [full * s for s in (low, high) if bool(s.any())]
+            else:
+                stages = [token_adv]
+            n_inner = len(stages) * inner_epochs * num_minibatches
+            # Exact shortcut: with every advantage 0 and no KL term, every objective's gradient is exactly
+            # 0, so plain SGD would not move. Skip the backward passes (keeping the RNG draws of the
+            # splits and the last inner step's metrics, so the rows are identical; tested). Adam is not
+            # skipped: its momentum moves the parameters even on a zero gradient.
+            skip = _skip_zero_advantage and optimizer == "sgd" and no_kl and not bool(adv.any())
+            # event keys of the whole batch: (group, context, action); forced steps left out
+            ginv = torch.unique(group, return_inverse=True)[1]
+            keys_b = torch.where(free_steps[idx], policy.event_keys[idx] + ginv[:, None] * ck, -1)
+            # events that every completion of the group contains (a trajectory holds an event at most once)
+            uniq, counts = torch.unique(keys_b, return_counts=True)
+            full = (counts == group_size) & (uniq >= 0)
+            keys_full = torch.where(torch.isin(keys_b, uniq[full]), keys_b, -1)
+            net_abs = gross = full_net = full_gross = 0.0
+            k = 0
+            for stage_adv in stages:
+                for _ in range(inner_epochs):
+                    if num_minibatches == 1:
+                        parts: Sequence[Tensor | None] = (None,)
+                    else:
+                        parts = split_minibatches(group, num_minibatches, mode=batching, generator=gen)
+                    for mb in parts:
+                        k += 1
+                        last = k == n_inner
+                        if skip and not last:
+                            continue
+                        lsm = torch.log_softmax(logits, -1)
+                        if mb is None:
+                            i_, c_, a_, m_, o_ = idx, ctx_b, act_b, mask_b, old_logp
+                            adv_, g_, keys_, kfull_ = stage_adv, group, keys_b, keys_full
+                        else:
+                            i_, c_, a_, m_, o_ = idx[mb], ctx_b[mb], act_b[mb], mask_b[mb], old_logp[mb]
+                            adv_, g_, keys_, kfull_ = stage_adv[mb], group[mb], keys_b[mb], keys_full[mb]
+                        # logp is a leaf: autograd runs through the objective only, and
+                        # ``policy.logits_grad`` applies the closed-form log_softmax/gather backward
+                        logp = (lsm[c_, a_] * m_).requires_grad_(True)
+                        loss, m = compute_loss(
+                            objective, logp, o_, adv_, m_, g_, with_metrics=last, **loss_kwargs
+                        )
+                        if last:
+                            metrics = m
+                        if loss.requires_grad and not skip:
+                            (g_logp,) = torch.autograd.grad(loss, logp)
+                            # the coefficients this optimiser step applies: ∂J/∂logp = −∂loss/∂logp
+                            res = shared_residual(-g_logp, keys_, m_)
+                            shared = res.count >= 2
+                            net_abs += float(res.net.abs()[shared].sum())
+                            gross += float(res.gross[shared].sum())
+                            res = shared_residual(-g_logp, kfull_, m_, min_count=1)
+                            full_net += float(res.net.abs().sum())
+                            full_gross += float(res.gross.sum())
+                            logits.grad = policy.logits_grad(g_logp, i_, lsm.exp())
+                            opt.step()
+            residual = net_abs / gross if gross > 0 else math.nan
+            group_residual = full_net / full_gross if full_gross > 0 else math.nan
+
+        st = policy.stats(logits, init if template_ids.numel() else None, template_ids)
+        row = {
+            "step": float(step),
+            "updated": 1.0 if updated else 0.0,
+            "buffer_groups": buffer_groups,
+            "sampled_reward": sampled_reward,
+            "expected_reward": st["expected_reward"],
+            "entropy": st["entropy"],
+            "equiv_entropy": st["equiv_entropy"],
+            "equiv_log_odds": st["equiv_log_odds"],
+            "template_kl": st["kl"],
+            "shared_residual": residual,
+            "group_shared_residual": group_residual,
+        }
+        row.update({k: float(metrics[k]) for k in METRIC_KEYS})
+        rows.append(row)
+        if callback is not None:
+            callback(step, logits.clone())
+    return rows
+
+
+def summarize(
+    rows_by_seed: Sequence[Sequence[Mapping[str, float]]] | Mapping[Any, Sequence[Mapping[str, float]]],
+    metric: str,
+    threshold: float | None = None,
+) -> dict[str, Any]:
+    """Summarise one metric over several seeds' runs.
+
+    Args:
+        rows_by_seed: one list of rows per seed (or a dict seed → rows), as ``simulate`` returns.
+        metric: a row key (``ROW_KEYS``).
+        threshold: for ``steps_to_threshold`` (DFPO Table 2): the first ``step`` whose value is ≥ it.
+    Returns:
+        a dict: ``metric``, ``seeds``; ``final_mean``/``final_std`` of the last row's value (sample std,
+        0 for one seed; NaN values are left out); ``jitter2_mean``/``jitter2_std`` of each seed's
+        Jitter₂ (DFPO eq. 20, NaN steps dropped; NaN if fewer than 3 values remain); and with a
+        threshold ``steps_to_threshold`` (per seed, None where never reached), ``reached_frac`` and
+        ``steps_mean`` (mean over the seeds that reached it, NaN if none did).
+    """
+    runs = list(rows_by_seed.values()) if isinstance(rows_by_seed, Mapping) else list(rows_by_seed)
+    if not runs or any(len(r) == 0 for r in runs):
+        raise ValueError("`rows_by_seed` needs at least one non-empty run")
+    if metric not in runs[0][0]:
+        raise ValueError(f"unknown metric {metric!r}; valid: {', '.join(runs[0][0])}")
+
+    def mean_std(xs: list[float]) -> tuple[float, float]:
+        xs = [x for x in xs if not math.isnan(x)]
+        if not xs:
+            return math.nan, math.nan
+        mu = sum(xs) / len(xs)
+        sd = math.sqrt(sum((x - mu) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0
+        return mu, sd
+
+    finals = [float(r[-1][metric]) for r in runs]
+    jit = []
+    for r in runs:
+        vals = [float(row[metric]) for row in r if not math.isnan(float(row[metric]))]
+        jit.append(jitter2(vals) if len(vals) >= 3 else math.nan)
+    out: dict[str, Any] = {"metric": metric, "seeds": len(runs)}
+    out["final_mean"], out["final_std"] = mean_std(finals)
+    out["jitter2_mean"], out["jitter2_std"] = mean_std(jit)
+    if threshold is not None:
+        hits = [
+            steps_to_threshold(
+                [float(row[metric]) for row in r], threshold, [float(row["step"]) for row in r]
+            )
+            for r in runs
+        ]
+        out["threshold"] = float(threshold)
+        out["steps_to_threshold"] = hits
+        reached = [h for h in hits if h is not None]
+        out["reached_frac"] = len(reached) / len(hits)
+        out["steps_mean"] = sum(reached) / len(reached) if reached else math.nan
+    return out
+
+
+__all__ = ["DEFAULT_LR", "OPTIMIZERS", "ROW_KEYS", "simulate", "summarize"]
