@@ -135,6 +135,53 @@ class SharedResidual:
     total: float
 
 
+@dataclass(frozen=True)
+class EventIndex:
+    """The shared events of one batch, indexed once (reuse it for every coefficient tensor of the batch).
+
+    Attributes:
+        keys: (E,) int64 event ids, sorted.
+        inverse: (B, T) int64 slot of each token's event; E (one extra "no event" slot) for padding
+            and for tokens whose key is −1.
+        count: (E,) int64 occurrences of each event in the batch.
+    """
+
+    keys: Tensor
+    inverse: Tensor
+    count: Tensor
+
+
+def event_index(keys: Tensor, mask: Tensor) -> EventIndex:
+    """Index the (context, token) events of a batch: ``keys`` (B, T) int64 ids (−1: none), ``mask`` (B, T)."""
+    check_2d("keys", keys)
+    _check_int("keys", keys)
+    check_2d("mask", mask, (keys.shape[0], keys.shape[1]))
+    valid = mask.bool() & (keys >= 0)
+    uniq, inv = torch.unique(keys[valid].long(), return_inverse=True)
+    e = uniq.shape[0]
+    inverse = torch.full(keys.shape, e, dtype=torch.long, device=keys.device)
+    inverse[valid] = inv
+    count = torch.zeros(e, dtype=torch.long, device=keys.device).index_add_(0, inv, torch.ones_like(inv))
+    return EventIndex(keys=uniq, inverse=inverse, count=count)
+
+
+def event_sums(coef: Tensor, index: EventIndex) -> tuple[Tensor, Tensor]:
+    """Per-event net Σ coef and gross Σ |coef| (DFPO eq. 72's bracket), each (E,).
+
+    Args:
+        coef: (B, T) token coefficients of the batch ``index`` was built on (0 where a token took no
+            part, e.g. outside the mini-batch of one optimiser step).
+        index: from ``event_index``.
+    """
+    check_2d("coef", coef, (index.inverse.shape[0], index.inverse.shape[1]))
+    e = index.count.shape[0]
+    flat = index.inverse.flatten()
+    c = coef.flatten()
+    net = torch.zeros(e + 1, dtype=coef.dtype, device=coef.device).index_add_(0, flat, c)[:e]
+    gross = torch.zeros(e + 1, dtype=coef.dtype, device=coef.device).index_add_(0, flat, c.abs())[:e]
+    return net, gross
+
+
 def shared_residual(coef: Tensor, keys: Tensor, mask: Tensor, min_count: int = 2) -> SharedResidual:
     """How much of the shared events' coefficient mass survives cancellation.
 
@@ -152,27 +199,19 @@ def shared_residual(coef: Tensor, keys: Tensor, mask: Tensor, min_count: int = 2
         a ``SharedResidual``.
     """
     check_2d("coef", coef)
-    shape = (coef.shape[0], coef.shape[1])
-    check_2d("keys", keys, shape)
-    _check_int("keys", keys)
-    check_2d("mask", mask, shape)
+    check_2d("keys", keys, (coef.shape[0], coef.shape[1]))
     if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
         raise ValueError(f"`min_count` must be an int ≥ 1, got {min_count!r}")
-    valid = mask.bool() & (keys >= 0)
-    c = coef[valid]
-    check_finite("coef", c)
-    uniq, inv = torch.unique(keys[valid].long(), return_inverse=True)
-    e = uniq.shape[0]
-    net = torch.zeros(e, dtype=coef.dtype, device=coef.device).index_add_(0, inv, c)
-    gross = torch.zeros(e, dtype=coef.dtype, device=coef.device).index_add_(0, inv, c.abs())
-    count = torch.zeros(e, dtype=torch.long, device=coef.device).index_add_(0, inv, torch.ones_like(inv))
+    index = event_index(keys, mask)
+    check_finite("coef", coef[index.inverse < index.count.shape[0]])
+    net, gross = event_sums(coef, index)
     safe = torch.where(gross > 0, gross, torch.ones_like(gross))
     ratio = torch.where(gross > 0, net.abs() / safe, torch.zeros_like(gross))
-    shared = count >= min_count
+    shared = index.count >= min_count
     gross_shared = float(gross[shared].sum())
     # DFPO eq. (72): the surviving part of each shared event is |Σ coef|; eq. (2): it is 0 under cancellation
     total = float(net[shared].abs().sum()) / gross_shared if gross_shared > 0 else math.nan
-    return SharedResidual(keys=uniq, net=net, gross=gross, count=count, ratio=ratio, total=total)
+    return SharedResidual(keys=index.keys, net=net, gross=gross, count=index.count, ratio=ratio, total=total)
 
 
 def _as_float_list(name: str, values: Sequence[float] | Tensor) -> Tensor:

@@ -30,9 +30,11 @@ Rows (``ROW_KEYS``, the same keys in every row, floats):
   (learning tax), 0.0 when the scenario has none;
 - ``shared_residual``: how much of the step's applied update on shared context-token events fails to
   cancel (DFPO eq. 2, 72): over every optimiser step of the step (inner epochs × mini-batches × Lopti
-  stages), the coefficients ∂J/∂logp that the step actually used, grouped into events (group,
-  context, action) by ``cancellation.diagnostics.shared_residual``, give Σ|net| / Σ gross over events
-  that occur at least twice (0: every shared event cancels; 1: none does). Forced steps (a context
+  stages), the coefficients ∂J/∂logp that each optimiser step applied are summed per event (group,
+  context, action) of the whole batch (``cancellation.diagnostics.event_sums``), giving Σ|net| / Σ gross
+  over the events that occur at least twice in the batch (0: every shared event cancels; 1: none
+  does). An event whose occurrences a mini-batch split separates counts as not cancelled in each
+  mini-batch, which is the damage query-preserved batching avoids. Forced steps (a context
   with a single action, whose score direction is the zero vector) are left out. NaN when no shared
   event got a non-zero coefficient (every advantage 0, or every sequence clipped);
 - ``group_shared_residual``: the same ratio restricted to the events that *every* completion of the
@@ -75,7 +77,7 @@ from torch import Tensor
 
 from cancellation import METRIC_KEYS, OBJECTIVES, compute_loss, group_advantages, reweight_advantages
 from cancellation.batching import SPLIT_MODES, lopti_masks, reward_balanced_select, split_minibatches
-from cancellation.diagnostics import jitter2, shared_residual, steps_to_threshold
+from cancellation.diagnostics import event_index, event_sums, jitter2, steps_to_threshold
 
 from .policy import TabularPolicy
 from .scenarios import Scenario, get_scenario
@@ -287,10 +289,10 @@ def simulate(
             # event keys of the whole batch: (group, context, action); forced steps left out
             ginv = torch.unique(group, return_inverse=True)[1]
             keys_b = torch.where(free_steps[idx], policy.event_keys[idx] + ginv[:, None] * ck, -1)
+            events = event_index(keys_b, mask_b)
+            shared = events.count >= 2
             # events that every completion of the group contains (a trajectory holds an event at most once)
-            uniq, counts = torch.unique(keys_b, return_counts=True)
-            full = (counts == group_size) & (uniq >= 0)
-            keys_full = torch.where(torch.isin(keys_b, uniq[full]), keys_b, -1)
+            whole = events.count == group_size
             net_abs = gross = full_net = full_gross = 0.0
             k = 0
             for stage_adv in stages:
@@ -307,10 +309,10 @@ def simulate(
                         lsm = torch.log_softmax(logits, -1)
                         if mb is None:
                             i_, c_, a_, m_, o_ = idx, ctx_b, act_b, mask_b, old_logp
-                            adv_, g_, keys_, kfull_ = stage_adv, group, keys_b, keys_full
+                            adv_, g_ = stage_adv, group
                         else:
                             i_, c_, a_, m_, o_ = idx[mb], ctx_b[mb], act_b[mb], mask_b[mb], old_logp[mb]
-                            adv_, g_, keys_, kfull_ = stage_adv[mb], group[mb], keys_b[mb], keys_full[mb]
+                            adv_, g_ = stage_adv[mb], group[mb]
                         # logp is a leaf: autograd runs through the objective only, and
                         # ``policy.logits_grad`` applies the closed-form log_softmax/gather backward
                         logp = (lsm[c_, a_] * m_).requires_grad_(True)
@@ -321,14 +323,18 @@ def simulate(
                             metrics = m
                         if loss.requires_grad and not skip:
                             (g_logp,) = torch.autograd.grad(loss, logp)
-                            # the coefficients this optimiser step applies: ∂J/∂logp = −∂loss/∂logp
-                            res = shared_residual(-g_logp, keys_, m_)
-                            shared = res.count >= 2
-                            net_abs += float(res.net.abs()[shared].sum())
-                            gross += float(res.gross[shared].sum())
-                            res = shared_residual(-g_logp, kfull_, m_, min_count=1)
-                            full_net += float(res.net.abs().sum())
-                            full_gross += float(res.gross.sum())
+                            # the coefficients this optimiser step applies: ∂J/∂logp = −∂loss/∂logp,
+                            # summed per event of the whole batch (tokens outside the mini-batch: 0)
+                            coef = (
+                                -g_logp
+                                if mb is None
+                                else torch.zeros_like(old_logp).index_copy_(0, mb, -g_logp)
+                            )
+                            net, gro = event_sums(coef, events)
+                            net_abs += float(net.abs()[shared].sum())
+                            gross += float(gro[shared].sum())
+                            full_net += float(net.abs()[whole].sum())
+                            full_gross += float(gro[whole].sum())
                             logits.grad = policy.logits_grad(g_logp, i_, lsm.exp())
                             opt.step()
             residual = net_abs / gross if gross > 0 else math.nan
