@@ -117,6 +117,27 @@ class _Stats(NamedTuple):
     high_clipped: Tensor  # (B, T) bool
 
 
+def group_asym(weights: Tensor, advantages: Tensor, group: Tensor) -> Tensor:
+    """DFPO eq. (23), averaged over groups: the within-group variance of the modulation w_i·Â_i.
+
+    Args:
+        weights: (B,) trajectory weights w_i (s̄ for GSPO, s̃ for DFPO, ...).
+        advantages: (B,) one advantage per completion.
+        group: (B,) integer prompt ids.
+    Returns:
+        a 0-d tensor: the mean over groups of the population variance (divide by G) of w_i·Â_i.
+    """
+    check_1d("weights", weights)
+    check_1d("advantages", advantages, weights.shape[0])
+    check_group(group, weights.shape[0])
+    inverse, n_groups = group_index(group)
+    counts = group_sum(torch.ones_like(weights), inverse, n_groups)
+    # DFPO eq. (23): Asym = Var_i(w_i Â_i) within a group
+    mod = weights * advantages
+    mod_mean = group_sum(mod, inverse, n_groups) / counts
+    return (group_sum((mod - mod_mean[inverse]) ** 2, inverse, n_groups) / counts).mean()
+
+
 def _validate(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, group: Tensor) -> None:
     check_2d("logp", logp)
     shape = (logp.shape[0], logp.shape[1])
@@ -182,10 +203,6 @@ def _finish(
         adv_seq = advantages if advantages.dim() == 1 else _masked_mean(advantages, m)
         inverse, n_groups = group_index(group)
         counts = group_sum(torch.ones_like(adv_seq), inverse, n_groups)
-        # DFPO eq. (23): Asym = Var_i(w_i Â_i) within a group (population variance), averaged over groups
-        mod = weights.detach() * adv_seq
-        mod_mean = group_sum(mod, inverse, n_groups) / counts
-        asym = group_sum((mod - mod_mean[inverse]) ** 2, inverse, n_groups) / counts
         w = weights.detach()
         w_mean = group_sum(w, inverse, n_groups) / counts
         w_std = (group_sum((w - w_mean[inverse]) ** 2, inverse, n_groups) / counts).sqrt()
@@ -204,7 +221,7 @@ def _finish(
             "seq_ratio/mean": seq_ratio.detach().mean(),
             "weight/mean": w.mean(),
             "weight/group_std": w_std.mean(),
-            "asym": asym.mean(),
+            "asym": group_asym(w, adv_seq, group),
             "zero_adv_group_frac": zero_groups.to(m.dtype).mean(),
             "kl": (kl.detach() * m).sum() / n_tok if kl is not None else torch.zeros(()),
         }

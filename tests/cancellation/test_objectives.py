@@ -833,3 +833,17 @@ def test_bad_input_errors() -> None:
         compute_loss("grpo_symclip", *args, epsilon=-0.1)
     with pytest.raises(TypeError, match=r"unknown parameter\(s\): epsilon"):
         compute_loss("grpo", *args, epsilon=0.2)  # grpo's clip range is epsilon_low / epsilon_high
+
+
+def test_group_asym_equals_a_plain_loop_on_shuffled_unequal_groups() -> None:
+    from cancellation.objectives import group_asym
+
+    gen = torch.Generator().manual_seed(7)
+    group = torch.tensor([5, 2, 5, 9, 2, 2, 9, 5, 11])
+    w = torch.rand(9, generator=gen, dtype=torch.float64) + 0.5
+    a = torch.randn(9, generator=gen, dtype=torch.float64)
+    assert float(group_asym(w, a, group)) == pytest.approx(
+        ref.asym_floats(w.tolist(), a.tolist(), group), rel=1e-12
+    )
+    with pytest.raises(ValueError, match="advantages"):
+        group_asym(w, a[:3], group)
