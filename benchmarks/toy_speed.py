@@ -51,7 +51,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=500)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument(
+        "--threads", type=int, default=1, help="torch intra-op threads (the CLI and the app use 1)"
+    )
     args = p.parse_args()
+    torch.set_num_threads(args.threads)
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads; G=8, 4 inner epochs, SGD lr=0.5 (defaults)"
     )

@@ -35,6 +35,7 @@ from .scenarios import (
     shared_prefix_net,
 )
 from .simulate import OPTIMIZERS, simulate, summarize
+from .theory import clip_coefficient, clip_surrogate, eq38_coefficient, eq38_gspo_coefficient
 
 TABLE_KEYS = (
     "expected_reward",
@@ -255,12 +256,11 @@ def _demo_shared_prefix() -> None:
         (1.5, 0.5, 2.0, 1.0),
         (0.3, 1.7, 0.2, 3.0),
     ]:
-        closed = rho1 * rho2 * (lam2 - lam1) / 2
+        closed = eq38_coefficient(rho1, rho2, lam1, lam2)
         prod = shared_prefix_net(
             "gspo", rho1, rho2, lam1, lam2, length_norm=False, aggregation="seq-mean-token-mean", **NO_CLIP
         )[0]
-        s1, s2 = (rho1 * rho2 * lam1) ** (1 / 3), (rho1 * rho2 * lam2) ** (1 / 3)
-        closed_ln = (s2 - s1) / (2 * 3)
+        closed_ln = eq38_gspo_coefficient(rho1, rho2, lam1, lam2)
         ln = shared_prefix_net("gspo", rho1, rho2, lam1, lam2, **NO_CLIP)[0]
         grpo = shared_prefix_net("grpo", rho1, rho2, lam1, lam2, **NO_CLIP)[0]
         dmin = shared_prefix_net("dfpo", rho1, rho2, lam1, lam2, transform="min_replace", **NO_CLIP)[0]
@@ -278,14 +278,9 @@ def _demo_shared_prefix() -> None:
     print("    branch is constant), /4 for token-mean. GRPO-fix (App. H, eq. 82) cancels exactly.")
     print(f"  {'w':>5s} {'C(w)':>8s} {'w·Cʹ(w)/4':>10s} {'GRPO':>10s} {'GRPO-fix':>10s}")
     for w in (1.5, 1.9, 1.1, 0.6, 0.3):
-        if w > 1.2:
-            c, dc = 1.2 - w, -1.0
-        elif w < 0.8:
-            c, dc = w - 0.8, 1.0
-        else:
-            c, dc = 0.0, 0.0
         print(
-            f"  {w:5.2f} {c:8.3f} {w * dc / 4:10.4f} {clip_asymmetry_net('grpo', w):10.4f} "
+            f"  {w:5.2f} {clip_surrogate(w):8.3f} {clip_coefficient(w, norm=4):10.4f} "
+            f"{clip_asymmetry_net('grpo', w):10.4f} "
             f"{clip_asymmetry_net('grpo_symclip', w):10.4f}"
         )
 
@@ -409,6 +404,8 @@ def demo() -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # the toy's tensors are tiny: intra-op threads only add overhead (a lot of it on a busy machine)
+    torch.set_num_threads(1)
     if args.scenario == "demo":
         return demo()
     if args.scenario == "list":

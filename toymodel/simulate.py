@@ -108,6 +108,10 @@ OPTIMIZERS = ("sgd", "adam")
 DEFAULT_LR = {"sgd": 0.5, "adam": 0.05}
 
 
+#: Σ gross below this is rounding noise, not a coefficient: the residuals are NaN then.
+_NOISE = 1e-12
+
+
 def _make_optimizer(params: Tensor, kind: str, lr: float) -> torch.optim.Optimizer:
     """``torch.optim`` SGD (no momentum) or Adam (its defaults) on the (C, K) logits.
 
@@ -337,8 +341,9 @@ def simulate(
                             full_gross += float(gro[whole].sum())
                             logits.grad = policy.logits_grad(g_logp, i_, lsm.exp())
                             opt.step()
-            residual = net_abs / gross if gross > 0 else math.nan
-            group_residual = full_net / full_gross if full_gross > 0 else math.nan
+            # coefficients at rounding-noise level (e.g. a loss that is identically 0) measure nothing
+            residual = net_abs / gross if gross > _NOISE else math.nan
+            group_residual = full_net / full_gross if full_gross > _NOISE else math.nan
 
         st = policy.stats(logits, init if template_ids.numel() else None, template_ids)
         row = {
