@@ -1,0 +1,310 @@
+"""Reusable plotly figures of the app: training curves over seeds and DFPO's weight-space picture.
+
+The curve builders take ``{label: [run, run, ...]}`` where a run is a list of rows (dicts with a
+``"step"`` key and metric keys), exactly what ``toymodel.simulate`` returns; the Runs page of the LM
+trainer reuses them for its JSON-lines logs, which carry the same keys.
+
+Nothing here computes a paper quantity: the curves plot the rows as given (mean over seeds with a
+±1 sample-std band) and the weight-space picture draws points that ``cancellation`` computed.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+
+#: metric key → (title, paper reference), for the training curves
+CURVE_TITLES: dict[str, tuple[str, str]] = {
+    "expected_reward": ("Expected reward E[R]", "exact, by enumeration"),
+    "equiv_entropy": ("Entropy on the equivalent-correct set", "App. A.3, eq. (41)"),
+    "equiv_log_odds": ("Log-odds of the two equivalent answers", "App. A.3, eq. (39)–(41)"),
+    "template_kl": ("Template KL drift (learning tax)", "App. E/G"),
+    "shared_residual": ("Shared-event residual Σ|net| / Σ gross", "eq. (2), (72)"),
+    "group_shared_residual": ("Residual on events the whole group shares", "Prop. 3.1, eq. (9), (13)"),
+    "asym": ("Asym: Var_i(w_i Â_i)", "eq. (23)"),
+    "clip/low_frac": ("Lower-clip fraction (Â < 0)", "eq. (46)–(47); App. F eq. (75)"),
+    "clip/high_frac": ("Upper-clip fraction (Â > 0)", "eq. (46)–(47); App. F eq. (76)"),
+}
+
+#: one colour per label, in order (plotly's default qualitative palette)
+PALETTE = (
+    "#636EFA",
+    "#EF553B",
+    "#00CC96",
+    "#AB63FA",
+    "#FFA15A",
+    "#19D3F3",
+    "#FF6692",
+    "#B6E880",
+    "#FF97FF",
+    "#FECB52",
+)
+
+#: marker symbols per transform, so coinciding points stay visible (drawn largest first)
+SYMBOLS = ("circle-open", "diamond-open", "square-open", "x-thin-open", "cross-thin-open", "star-open")
+
+
+Row = Mapping[str, float]
+Run = Sequence[Row]
+
+
+def color(i: int) -> str:
+    """The i-th colour of ``PALETTE`` (cycling)."""
+    return PALETTE[i % len(PALETTE)]
+
+
+def _rgba(hex_color: str, alpha: float) -> str:
+    h = hex_color.lstrip("#")
+    return f"rgba({int(h[0:2], 16)},{int(h[2:4], 16)},{int(h[4:6], 16)},{alpha})"
+
+
+def seed_band(runs: Sequence[Run], metric: str, x_key: str = "step") -> tuple[np.ndarray, ...]:
+    """Mean and ±1 sample std of ``metric`` over runs, aligned on ``x_key``.
+
+    Runs may have different lengths (a real run that stopped early); each x gets the mean over the runs
+    that have a finite value there, and the std over them (ddof 1; 0 with one value). Rows without the
+    metric, or with a NaN (a step without an update), are left out.
+
+    Returns:
+        (x, mean, std, n): arrays over the sorted distinct x values; ``n`` counts the runs used at each x
+        (mean and std are NaN where it is 0).
+    """
+    xs = sorted({float(r[x_key]) for run in runs for r in run if x_key in r})
+    pos = {x: j for j, x in enumerate(xs)}
+    vals = np.full((len(runs), len(xs)), np.nan)
+    for i, run in enumerate(runs):
+        for r in run:
+            v = r.get(metric)
+            if v is not None and x_key in r:
+                vals[i, pos[float(r[x_key])]] = float(v)
+    vals[~np.isfinite(vals)] = np.nan
+    n = np.sum(~np.isnan(vals), axis=0)
+    with warnings.catch_warnings():
+        # columns with fewer finite values than needed give NaN (then replaced below), on purpose
+        warnings.simplefilter("ignore", RuntimeWarning)
+        mean = np.nanmean(vals, axis=0)
+        std = np.nanstd(vals, axis=0, ddof=1)
+    std = np.where(n > 1, std, np.where(n == 1, 0.0, np.nan))
+    return np.asarray(xs), mean, std, n
+
+
+def curve_figure(
+    runs_by_label: Mapping[str, Sequence[Run]],
+    metric: str,
+    *,
+    title: str | None = None,
+    x_key: str = "step",
+    height: int = 300,
+) -> go.Figure:
+    """One metric over steps: the mean over each label's runs, with a shaded ±1 std band.
+
+    Args:
+        runs_by_label: label → runs (one list of rows per seed).
+        metric: the row key to plot.
+        title: the figure title (``CURVE_TITLES`` or the key when None).
+        x_key: the row key of the x-axis.
+        height: figure height in pixels.
+    """
+    traces: list[go.Scatter] = []
+    any_value = False
+    for i, (label, runs) in enumerate(runs_by_label.items()):
+        x, mean, std, n = seed_band(runs, metric, x_key)
+        any_value = any_value or bool(n.any())
+        c = color(i)
+        if len(runs) > 1:
+            upper, lower = mean + std, mean - std
+            band_x = np.concatenate([x, x[::-1]])
+            band_y = np.concatenate([upper, lower[::-1]])
+            ok = np.isfinite(band_y)
+            traces.append(
+                go.Scatter(
+                    x=band_x[ok],
+                    y=band_y[ok],
+                    fill="toself",
+                    fillcolor=_rgba(c, 0.18),
+                    line={"width": 0},
+                    hoverinfo="skip",
+                    showlegend=False,
+                    legendgroup=label,
+                    name=f"{label} ±1 std",
+                )
+            )
+        traces.append(
+            go.Scatter(
+                x=x,
+                y=mean,
+                mode="lines",
+                line={"color": c, "width": 2},
+                name=label,
+                legendgroup=label,
+                connectgaps=False,
+            )
+        )
+    if title is None:
+        name, ref = CURVE_TITLES.get(metric, (metric, ""))
+        title = f"{name} ({ref})" if ref else name
+    fig = go.Figure(traces)
+    fig.update_layout(
+        title={"text": title, "font": {"size": 14}},
+        height=height,
+        margin={"l": 10, "r": 10, "t": 40, "b": 10},
+        xaxis_title=x_key,
+        yaxis_title=metric,
+        legend={"orientation": "h", "y": -0.25},
+        hovermode="x unified",
+    )
+    if not any_value:
+        fig.add_annotation(
+            text="n/a: no run has a value for this metric",
+            showarrow=False,
+            xref="paper",
+            yref="paper",
+            x=0.5,
+            y=0.5,
+        )
+    return fig
+
+
+def weight_space_figure(
+    advantages: Sequence[float],
+    s_bar: Sequence[float],
+    s_tilde: Mapping[str, Sequence[float]],
+    *,
+    height: int = 480,
+) -> go.Figure:
+    """DFPO App. B's picture for G = 2 (plane) or G = 3 (3-D): where each transform moves s̄.
+
+    Draws the constraint set {v : Âᵀv = 0} (a line for G = 2, a plane for G = 3), the non-negative
+    orthant of eq. (51), the post-clip weights s̄ and each transform's s̃, with an arrow (G = 2) or a
+    segment (G = 3) from s̄ to s̃.
+
+    Args:
+        advantages: (G,) Â, not all zero.
+        s_bar: (G,) post-clip weights s̄ (eq. 47).
+        s_tilde: transform name → (G,) s̃.
+    Raises:
+        ValueError: unless G is 2 or 3, or if every advantage is 0 (no constraint to draw).
+    """
+    a = np.asarray(advantages, dtype=float)
+    sb = np.asarray(s_bar, dtype=float)
+    pts = {k: np.asarray(v, dtype=float) for k, v in s_tilde.items()}
+    g = a.shape[0]
+    if g not in (2, 3):
+        raise ValueError(f"the weight-space picture needs G = 2 or 3, got G = {g}")
+    norm = float(np.linalg.norm(a))
+    if norm == 0.0:
+        raise ValueError("every advantage is 0: there is no constraint Âᵀv = 0 to draw")
+    allpts = np.vstack([sb, *pts.values()])
+    hi = max(1.5, 1.25 * float(allpts.max()))
+    lo = min(-0.2 * hi, 1.25 * float(allpts.min()))  # Orth-Proj's s̃ may be negative
+    if g == 2:
+        return _plane_figure(a / norm, sb, pts, (lo, hi), height)
+    return _space_figure(a / norm, sb, pts, (lo, hi), height)
+
+
+def _plane_figure(
+    a: np.ndarray, sb: np.ndarray, pts: Mapping[str, np.ndarray], lim: tuple[float, float], height: int
+) -> go.Figure:
+    lo, hi = lim
+    reach = hi - lo
+    d = np.array([-a[1], a[0]])  # direction of the line Âᵀv = 0
+    t = np.array([-2.0 * reach, 2.0 * reach])
+    fig = go.Figure()
+    fig.add_trace(
+        go.Scatter(
+            x=[0, 2 * reach, 2 * reach, 0], y=[0, 0, 2 * reach, 2 * reach], mode="lines", fill="toself",
+            fillcolor="rgba(0,160,0,0.08)", line={"width": 0}, hoverinfo="skip", name="v ≥ 0 (eq. 51)",
+        )
+    )  # fmt: skip
+    fig.add_trace(
+        go.Scatter(
+            x=t * d[0], y=t * d[1], mode="lines", line={"color": "gray", "dash": "dash"}, name="Âᵀv = 0"
+        )
+    )
+    for i, v in enumerate(pts.values()):
+        c = color(i)
+        if not np.allclose(v, sb):
+            fig.add_annotation(
+                x=v[0], y=v[1], ax=sb[0], ay=sb[1], xref="x", yref="y", axref="x", ayref="y",
+                showarrow=True, arrowhead=3, arrowsize=1.2, arrowwidth=1.5, arrowcolor=c, text="",
+                standoff=6,
+            )  # fmt: skip
+    fig.add_trace(
+        go.Scatter(
+            x=[sb[0]], y=[sb[1]], mode="markers", marker={"size": 10, "color": "black"}, name="s̄ (eq. 47)"
+        )
+    )
+    n = len(pts)
+    for i, (name, v) in enumerate(pts.items()):
+        fig.add_trace(
+            go.Scatter(
+                x=[v[0]], y=[v[1]], mode="markers", name=f"s̃ {name}",
+                marker={"size": 22 - 3 * i if n < 6 else 12, "color": color(i), "symbol": SYMBOLS[i % len(SYMBOLS)],
+                        "line": {"width": 2.5, "color": color(i)}},
+            )
+        )  # fmt: skip
+    fig.update_layout(
+        height=height,
+        margin={"l": 10, "r": 10, "t": 30, "b": 10},
+        xaxis={"title": "v₁", "range": [lo, hi], "zeroline": True},
+        yaxis={"title": "v₂", "range": [lo, hi], "zeroline": True, "scaleanchor": "x", "scaleratio": 1},
+    )
+    return fig
+
+
+def _space_figure(
+    a: np.ndarray, sb: np.ndarray, pts: Mapping[str, np.ndarray], lim: tuple[float, float], height: int
+) -> go.Figure:
+    lo, hi = lim
+    # points of the plane Âᵀv = 0 inside the drawn cube: a grid in an orthonormal basis (u1, u2) of it
+    helper = np.eye(3)[int(np.argmin(np.abs(a)))]
+    u1 = helper - (helper @ a) * a
+    u1 /= np.linalg.norm(u1)
+    u2 = np.cross(a, u1)
+    n = 41
+    grid = np.linspace(-2.0 * (hi - lo), 2.0 * (hi - lo), n)
+    c1, c2 = np.meshgrid(grid, grid, indexing="ij")
+    plane = c1.reshape(-1, 1) * u1 + c2.reshape(-1, 1) * u2  # vertex (p, q) has index p·n + q
+    inside = np.all((plane >= lo) & (plane <= hi), axis=1).reshape(n, n)
+    # two triangles per grid cell whose four corners lie inside the cube
+    p, q = np.nonzero(inside[:-1, :-1] & inside[1:, :-1] & inside[:-1, 1:] & inside[1:, 1:])
+    v00, v10, v01, v11 = p * n + q, (p + 1) * n + q, p * n + q + 1, (p + 1) * n + q + 1
+    fig = go.Figure()
+    if len(p):
+        fig.add_trace(
+            go.Mesh3d(
+                x=plane[:, 0], y=plane[:, 1], z=plane[:, 2],
+                i=np.concatenate([v00, v10]), j=np.concatenate([v10, v11]), k=np.concatenate([v01, v01]),
+                opacity=0.35, color="lightskyblue", name="Âᵀv = 0", showlegend=True, hoverinfo="skip",
+            )
+        )  # fmt: skip
+    fig.add_trace(
+        go.Scatter3d(
+            x=[sb[0]], y=[sb[1]], z=[sb[2]], mode="markers", marker={"size": 6, "color": "black"},
+            name="s̄ (eq. 47)",
+        )
+    )  # fmt: skip
+    for i, (name, v) in enumerate(pts.items()):
+        c = color(i)
+        fig.add_trace(
+            go.Scatter3d(
+                x=[sb[0], v[0]], y=[sb[1], v[1]], z=[sb[2], v[2]], mode="lines+markers",
+                line={"color": c, "width": 6}, marker={"size": [0, 7 - i if len(pts) < 6 else 5], "color": c},
+                name=f"s̃ {name}",
+            )
+        )  # fmt: skip
+    axis = {"range": [lo, hi]}
+    fig.update_layout(
+        height=height,
+        margin={"l": 0, "r": 0, "t": 30, "b": 0},
+        scene={
+            "xaxis": {**axis, "title": "v₁"},
+            "yaxis": {**axis, "title": "v₂"},
+            "zaxis": {**axis, "title": "v₃"},
+            "aspectmode": "cube",
+        },
+    )
+    return fig

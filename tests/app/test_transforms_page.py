@@ -1,0 +1,229 @@
+"""Group transforms page (DFPO App. B): every displayed number equals the library's for the same group.
+
+Edits of the data editor go through AppTest's documented route for keyed editors: the edit state
+(``edited_rows``/``added_rows``/``deleted_rows``) is assigned on ``at.session_state["group"]`` before
+``run()``, exactly what the browser sends when a user edits cells.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from streamlit.testing.v1 import AppTest
+
+from cancellation import TRANSFORMS, compute_loss, group_advantages
+from cancellation.objectives import sign_aware_clip
+
+PAGE = Path(__file__).resolve().parents[2] / "app/views/transforms.py"
+DEFAULT_R = [1.0, 0.0, 1.0, 0.0]
+DEFAULT_S = [1.3, 0.9, 1.05, 0.7]
+
+
+def _run(at: AppTest | None = None) -> AppTest:
+    at = at or AppTest.from_file(str(PAGE), default_timeout=60)
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def _metric(at: AppTest, label: str) -> float:
+    (m,) = [m for m in at.metric if m.label == label]
+    return float(m.value)
+
+
+def _pop_var(xs: list[float]) -> float:
+    mu = sum(xs) / len(xs)
+    return sum((x - mu) ** 2 for x in xs) / len(xs)
+
+
+def _expected(rewards, s, scale="group", eps_low=0.2, eps_high=0.2, floor=1e-6):
+    """The library's numbers for one group, computed here directly (and Asym by a plain loop)."""
+    r = torch.tensor(rewards, dtype=torch.float64)
+    w = torch.tensor(s, dtype=torch.float64)
+    g = torch.zeros(len(rewards), dtype=torch.long)
+    adv = group_advantages(r, g, scale=scale)
+    s_bar = sign_aware_clip(w, adv, eps_low, eps_high)
+    tilde = {
+        k: (fn(s_bar, adv, g, floor=floor) if k == "truncate_rebalance" else fn(s_bar, adv, g))
+        for k, fn in TRANSFORMS.items()
+    }
+    return {
+        "adv": adv.tolist(),
+        "s_bar": s_bar.tolist(),
+        "tilde": {k: v.tolist() for k, v in tilde.items()},
+        "sum_bar": sum(a * b for a, b in zip(adv.tolist(), s_bar.tolist(), strict=True)),
+        "sums": {
+            k: sum(a * b for a, b in zip(adv.tolist(), v.tolist(), strict=True)) for k, v in tilde.items()
+        },
+        "asym_before": _pop_var([a * b for a, b in zip(adv.tolist(), s_bar.tolist(), strict=True)]),
+        "asym_after": {
+            k: _pop_var([a * b for a, b in zip(adv.tolist(), v.tolist(), strict=True)])
+            for k, v in tilde.items()
+        },
+    }
+
+
+def _results(at: AppTest):
+    """The read-only results table (the other dataframe is the editor)."""
+    (table,) = [d for d in at.dataframe if d.editing_mode == "read_only"]
+    return table.value
+
+
+def _assert_page_matches(at: AppTest, exp: dict) -> None:
+    # metrics are shown with 6 decimals
+    assert _metric(at, "Σ Â s̄ (GSPO)") == pytest.approx(exp["sum_bar"], abs=1e-6)
+    for k in TRANSFORMS:
+        assert _metric(at, f"Σ Â s̃ — {k}") == pytest.approx(exp["sums"][k], abs=1e-6)
+        assert _metric(at, f"Asym after — {k}") == pytest.approx(exp["asym_after"][k], abs=1e-6)
+    assert _metric(at, "Asym before: s̄ (GSPO)") == pytest.approx(exp["asym_before"], abs=1e-6)
+    # the results table holds full precision
+    table = _results(at)
+    assert table["Â"].tolist() == pytest.approx(exp["adv"], abs=1e-12)
+    assert table["s̄ (eq. 47)"].tolist() == pytest.approx(exp["s_bar"], abs=1e-12)
+    for k in TRANSFORMS:
+        assert table[f"s̃ {k}"].tolist() == pytest.approx(exp["tilde"][k], abs=1e-12)
+
+
+def test_defaults_load_and_match_the_library():
+    at = _run()
+    assert at.title[0].value == "Group transforms"
+    assert at.data_editor(key="group").value["s"].tolist() == DEFAULT_S
+    exp = _expected(DEFAULT_R, DEFAULT_S)
+    _assert_page_matches(at, exp)
+    # the transforms that enforce the constraint reach Σ Â s̃ = 0, GSPO's s̄ does not (hand check)
+    assert abs(exp["sum_bar"]) > 0.1
+    assert all(abs(v) < 1e-9 for v in exp["sums"].values())
+    assert not at.error and not at.warning
+    assert "needs G ≤ 3" in at.info[0].value  # G = 4: no picture
+
+
+def test_asym_equals_the_dfpo_and_gspo_metrics():
+    """The page's Asym equals compute_loss's own asym metric of dfpo (each transform) and gspo."""
+    at = _run()
+    r = torch.tensor(DEFAULT_R, dtype=torch.float64)
+    s = torch.tensor(DEFAULT_S, dtype=torch.float64)
+    g = torch.zeros(4, dtype=torch.long)
+    adv = group_advantages(r, g)
+    logp = s.log()[:, None]
+    zeros, ones = torch.zeros_like(logp), torch.ones_like(logp)
+    eps = {"epsilon_low": 0.2, "epsilon_high": 0.2}
+    _, m = compute_loss("gspo", logp, zeros, adv, ones, g, **eps)
+    assert _metric(at, "Asym before: s̄ (GSPO)") == pytest.approx(m["asym"], abs=1e-6)
+    for k in TRANSFORMS:
+        _, m = compute_loss("dfpo", logp, zeros, adv, ones, g, transform=k, **eps)
+        assert _metric(at, f"Asym after — {k}") == pytest.approx(m["asym"], abs=1e-6)
+
+
+@pytest.mark.parametrize("scale", ["batch", "none"])
+def test_changing_the_advantage_scale(scale):
+    at = _run()
+    at.sidebar.selectbox(key="scale").select(scale)
+    _run(at)
+    _assert_page_matches(at, _expected(DEFAULT_R, DEFAULT_S, scale=scale))
+
+
+def test_changing_clip_range_and_floor():
+    at = _run()
+    at.sidebar.number_input(key="eps_low").set_value(0.05)
+    _run(at)
+    _assert_page_matches(at, _expected(DEFAULT_R, DEFAULT_S, eps_low=0.05))
+    at.sidebar.number_input(key="eps_high").set_value(0.5)
+    _run(at)
+    _assert_page_matches(at, _expected(DEFAULT_R, DEFAULT_S, eps_low=0.05, eps_high=0.5))
+    at.sidebar.number_input(key="floor").set_value(1.1)
+    _run(at)
+    exp = _expected(DEFAULT_R, DEFAULT_S, eps_low=0.05, eps_high=0.5, floor=1.1)
+    _assert_page_matches(at, exp)
+    # hand check: s̄ = (1.3, 0.95, 1.05, 0.95), so the floor 1.1 lifts three weights and changes the result
+    assert exp["s_bar"] == pytest.approx([1.3, 0.95, 1.05, 0.95])
+    default_floor = _expected(DEFAULT_R, DEFAULT_S, eps_low=0.05, eps_high=0.5)["tilde"]["truncate_rebalance"]
+    assert exp["tilde"]["truncate_rebalance"] != pytest.approx(default_floor)
+
+
+def test_extreme_inputs_do_not_crash():
+    at = _run()
+    at.sidebar.number_input(key="eps_low").set_value(0.999)
+    at.sidebar.number_input(key="eps_high").set_value(10.0)
+    at.sidebar.number_input(key="floor").set_value(10.0)
+    _run(at)
+    _assert_page_matches(at, _expected(DEFAULT_R, DEFAULT_S, eps_low=0.999, eps_high=10.0, floor=10.0))
+    at.sidebar.number_input(key="eps_low").set_value(0.0)
+    at.sidebar.number_input(key="eps_high").set_value(0.0)
+    at.sidebar.number_input(key="floor").set_value(0.0)
+    _run(at)
+    _assert_page_matches(at, _expected(DEFAULT_R, DEFAULT_S, eps_low=0.0, eps_high=0.0, floor=0.0))
+
+
+def _edit(at: AppTest, edited=None, added=None, deleted=None) -> AppTest:
+    at.session_state["group"] = {
+        "edited_rows": edited or {},
+        "added_rows": added or [],
+        "deleted_rows": deleted or [],
+    }
+    return _run(at)
+
+
+def test_editing_cells_adding_and_deleting_rows():
+    at = _run()
+    _edit(at, edited={0: {"reward": 0.5}, 2: {"s": 2.0}}, added=[{"reward": 0.25, "s": 1.1}], deleted=[1])
+    rewards, s = [0.5, 1.0, 0.0, 0.25], [1.3, 2.0, 0.7, 1.1]
+    table = _results(at)
+    assert table["R"].tolist() == rewards and table["s"].tolist() == s
+    _assert_page_matches(at, _expected(rewards, s))
+
+
+def _chart_types(at: AppTest) -> set[str]:
+    (chart,) = at.get("plotly_chart")
+    return {t.get("type", "scatter") for t in json.loads(chart.proto.spec)["data"]}
+
+
+def test_picture_for_g2_and_g3():
+    at = _run()
+    _edit(at, deleted=[2, 3])  # G = 2
+    _assert_page_matches(at, _expected(DEFAULT_R[:2], DEFAULT_S[:2]))
+    assert _chart_types(at) == {"scatter"}
+    at = _run()
+    _edit(at, deleted=[3])  # G = 3
+    _assert_page_matches(at, _expected(DEFAULT_R[:3], DEFAULT_S[:3]))
+    assert {"mesh3d", "scatter3d"} <= _chart_types(at)
+
+
+def test_all_equal_rewards_warns_and_everything_is_zero():
+    at = _run()
+    _edit(at, edited={1: {"reward": 1.0}, 3: {"reward": 1.0}})
+    assert "every transform leaves the loss term Σ Â s̃ at 0" in at.warning[0].value.replace("Every", "every")
+    assert "nothing is projected" in at.warning[0].value
+    for k in TRANSFORMS:
+        assert _metric(at, f"Σ Â s̃ — {k}") == 0.0
+    assert _metric(at, "Σ Â s̄ (GSPO)") == 0.0
+    assert not at.get("plotly_chart")
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        ({"edited_rows": {1: {"s": 0.0}}}, "must be > 0"),
+        ({"edited_rows": {2: {"s": -0.5}}}, "must be > 0"),
+        ({"edited_rows": {0: {"s": None}}}, "empty or non-numeric sequence weight"),
+        ({"edited_rows": {3: {"reward": None}}}, "empty or non-numeric reward"),
+        ({"deleted_rows": [1, 2, 3]}, "group of one completion"),
+        ({"deleted_rows": [0, 1, 2, 3]}, "The group is empty"),
+    ],
+)
+def test_bad_groups_show_an_error(edit, message):
+    at = _run()
+    _edit(at, **{k.removesuffix("_rows"): v for k, v in edit.items()})
+    assert not at.exception
+    assert at.error and message in at.error[0].value
+    assert not at.metric  # nothing computed from a bad group
+
+
+def test_rerun_time():
+    at = _run()
+    t0 = time.perf_counter()
+    _run(at)
+    print(f"\ntransforms page, second run: {time.perf_counter() - t0:.3f} s")
