@@ -1,14 +1,16 @@
 # Two commands for a fresh machine (see README.md):
 #   make demo   set up .venv and print the paper's toy results
 #   make test   set up .venv and run the whole test suite (lint included)
+#   make app    set up .venv and serve the Streamlit explorer on http://localhost:8501 (PORT=...)
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 # torch is pinned so that a fresh venv on a CPU-only machine takes the local CPU wheel;
 # elsewhere pip resolves the same version from the index (CUDA build on Linux GPUs).
 TORCH  ?= torch==2.13.0
+PORT   ?= 8501
 
-.PHONY: setup demo test test-fast bench lint format clean
+.PHONY: setup browser demo app notebooks test test-fast bench lint format clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,10 +18,32 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $@
 
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed browser
+
+# The browser test (tests/app/test_browser.py) drives Debian's Chromium through playwright (no browser
+# download). Install it when it is missing and we can (root with apt-get); otherwise say so and go on:
+# the set-up never fails because of the browser, the test then skips with its reason.
+browser:
+	@if command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing Debian's chromium for the browser test (apt-get, about a minute)"; \
+		( apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium ) \
+			>/dev/null 2>&1 || echo "chromium could not be installed: the browser test will be skipped"; \
+	else \
+		echo "no chromium (and no root apt-get to install it): the browser test will be skipped"; \
+	fi
 
 demo: setup
 	$(PY) -m toymodel demo
+
+app: setup
+	@echo "Cancellation Lab explorer: open http://localhost:$(PORT)  (Ctrl-C stops it)"
+	$(PY) -m streamlit run app/main.py --server.port $(PORT) --browser.serverAddress localhost \
+		--server.headless true --browser.gatherUsageStats false
+
+# tutorials/*.py (jupytext percent format) -> tutorials/*.ipynb, to open in Jupyter
+notebooks: setup
+	$(VENV)/bin/jupytext --to notebook tutorials/[0-9][0-9]_*.py
 
 test: setup
 	$(VENV)/bin/ruff check .
@@ -31,6 +55,7 @@ test-fast: setup
 
 bench: setup
 	$(PY) benchmarks/toy_speed.py
+	$(PY) benchmarks/app_render.py
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -1,0 +1,266 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 7 · Low-probability tokens
+#
+# The previous tutorials asked whether the coefficients of shared tokens cancel. This one looks at
+# the other factor of every token's update, its score $\nabla\log\pi$, whose **size** depends on the
+# token's probability. "Do Not Let Low-Probability Tokens Over-Dominate in RL for LLMs" (arXiv
+# 2505.12929; our notes are `004_47ee6b4fd7efa914.txt`) shows that in a softmax the gradient of a
+# token is roughly proportional to $1 - \pi$, so rare tokens get long levers, and proposes two fixes:
+# **Advantage Reweighting** and **Lopti**. All three pieces are in `cancellation`; the toy lets us
+# look at them exactly.
+
+# %%
+import statistics
+
+import plotly.graph_objects as go
+import plotly.io as pio
+import torch
+
+from cancellation import group_advantages, reweight_advantages
+from cancellation.batching import lopti_masks
+from cancellation.diagnostics import (
+    softmax_grad_norm,
+    softmax_grad_norm_bounds,
+    steps_to_threshold,
+    token_coefficients,
+)
+from toymodel import get_scenario, simulate
+
+pio.renderers.default = "plotly_mimetype+notebook_connected"
+torch.set_num_threads(1)  # the toy's tensors are tiny: one thread is fastest
+torch.set_printoptions(precision=3, sci_mode=False)
+f64 = torch.float64
+
+# %% [markdown]
+# ## 1. The $(1-\pi)$ bound (004 notes §3.1)
+#
+# For logits $z$ and $\pi = \operatorname{softmax}(z)$, $\nabla_z\log\pi_y = e_y - \pi$, so
+# $\lVert\nabla_z\log\pi_y\rVert^2 = (1-\pi_y)^2 + \sum_{k\ne y}\pi_k^2$, and with $N$ tokens
+#
+# $$\sqrt{\tfrac{N}{N-1}}\,(1-\pi_y) \;\le\; \lVert\nabla_z\log\pi_y\rVert \;\le\; \sqrt2\,(1-\pi_y).$$
+#
+# `softmax_grad_norm(probs, tokens)` is the left-hand norm, `softmax_grad_norm_bounds(pi, N)` the two
+# bounds. A cloud of random 5-token distributions and tokens:
+
+# %%
+gen = torch.Generator().manual_seed(0)
+N = 5
+probs = torch.softmax(2.0 * torch.randn(400, N, generator=gen, dtype=f64), dim=-1)
+tokens = torch.randint(0, N, (400,), generator=gen)
+norms = softmax_grad_norm(probs, tokens)
+pi_y = probs.gather(-1, tokens[:, None]).squeeze(-1)
+grid = torch.linspace(0, 1, 101, dtype=f64)
+lower, upper = softmax_grad_norm_bounds(grid, N)
+fig = go.Figure()
+fig.add_scatter(
+    x=pi_y.tolist(), y=norms.tolist(), mode="markers", name="‖e_y − π‖ (random π, y)", marker={"size": 4}
+)
+fig.add_scatter(x=grid.tolist(), y=lower.tolist(), mode="lines", name="√(N/(N−1))·(1 − π)")
+fig.add_scatter(x=grid.tolist(), y=upper.tolist(), mode="lines", name="√2·(1 − π)")
+fig.update_layout(
+    title="Gradient of log π_y w.r.t. the logits, N = 5", xaxis_title="π_y", yaxis_title="norm", height=380
+)
+fig.show()
+low_b, up_b = softmax_grad_norm_bounds(pi_y, N)
+print("every point inside the bounds:", bool(((norms >= low_b - 1e-12) & (norms <= up_b + 1e-12)).all()))
+
+# %% [markdown]
+# A token the model already believes ($\pi \to 1$) gets a tiny gradient, whatever its advantage; an
+# unlikely one gets a gradient of length about 1. In a language model the logit gradient is then
+# pushed through the network's Jacobians, which 004 assumes well-conditioned, so the same
+# $(1-\pi)$ factor survives at every layer (004 §3.3). The tabular toy has no layers: each context
+# is its own softmax, and the bound is the whole story.
+#
+# ## 2. Who moves the update on the toy
+#
+# `template_task` with four groups of 8. The template synonyms start at 0.7 / 0.2 / 0.1, the
+# deciding token at 0.3 / 0.35 / 0.35. Each token's contribution to the update is its coefficient
+# times its score, with norm $|c_{i,t}|\cdot\lVert e_{a} - \pi(\cdot\mid h)\rVert$ (autograd agrees, see
+# Exercise 7.1). We split the tokens with Lopti's threshold $\eta = 0.5$ (`lopti_masks`) into low-
+# and high-probability ones and add up their contributions:
+
+# %%
+sc = get_scenario("template_task")
+policy = sc.policy()
+theta = sc.initial_logits()
+idx = policy.sample(32, theta, generator=torch.Generator().manual_seed(0))
+group = torch.arange(4).repeat_interleave(8)
+adv = group_advantages(policy.rewards[idx], group)
+mask = policy.mask[idx]
+old_logp = policy.token_logp(theta, idx)
+ctx, act = policy.ctx[idx], policy.act[idx]
+score_norm = softmax_grad_norm(policy.probs_table(theta)[ctx], act) * mask  # (B, T) ‖e_a − π(·|h)‖
+low, high = lopti_masks(old_logp, mask, eta=0.5)
+print(
+    f"tokens: {int(low.sum())} with π_old < 0.5, {int(high.sum())} with π_old ≥ 0.5 (incl. 32 forced <eos>)"
+)
+
+
+def update_share(advantages: torch.Tensor) -> tuple[float, float]:
+    """Share of Σ |c|·‖e − π‖ (the update's token contributions) from the low / high tokens."""
+    coef = token_coefficients("grpo", old_logp, old_logp, advantages, mask, group)
+    contrib = coef.abs() * score_norm
+    total = float(contrib.sum())
+    return float(contrib[low].sum()) / total, float(contrib[high].sum()) / total
+
+
+share_grpo = update_share(adv)
+print(
+    f"GRPO: low-probability tokens carry {share_grpo[0]:.0%} of the update, "
+    f"high-probability {share_grpo[1]:.0%}"
+)
+
+# %% [markdown]
+# Fewer than half of the tokens carry most of the update. Note that the $(1-\pi)$ factor is not
+# the only reason: a low-probability token here is often the deciding token, whose completions
+# carry the largest $|\hat A|$.
+#
+# ## 3. Advantage Reweighting
+#
+# AR scales each token's advantage by its old probability (004 §4.1, eq. 4):
+#
+# $$\hat A_{i,t} \leftarrow \big[\alpha\,\pi_{\theta_\text{old}}(o_{i,t}) + (1-\alpha)\big]\,\hat A_{i,t},
+#   \qquad \alpha\in[0,1],$$
+#
+# so a token with $\pi \approx 0$ keeps $(1-\alpha)$ of its advantage and one with $\pi \approx 1$ all of
+# it; the product with the $(1-\pi)$ lever becomes flatter in $\pi$. `reweight_advantages(adv,
+# old_logp, alpha)` returns the $(B, T)$ per-token advantages (Lopti's code: α = 0.2 alone).
+
+# %%
+adv_ar = reweight_advantages(adv, old_logp, alpha=0.2)
+share_ar = update_share(adv_ar)
+print(f"GRPO + AR(α=0.2): low {share_ar[0]:.0%}, high {share_ar[1]:.0%}   (GRPO: low {share_grpo[0]:.0%})")
+
+coef_grpo = token_coefficients("grpo", old_logp, old_logp, adv, mask, group)
+coef_ar = token_coefficients("grpo", old_logp, old_logp, adv_ar, mask, group)
+pi_old = old_logp.exp()[mask.bool()]
+fig = go.Figure()
+for name, coef in (("GRPO", coef_grpo), ("GRPO + AR (α=0.2)", coef_ar)):
+    per_token = (coef.abs() * score_norm)[mask.bool()] / coef_grpo.abs()[mask.bool()]  # every Â ≠ 0 here
+    fig.add_scatter(x=pi_old.tolist(), y=per_token.tolist(), mode="markers", name=name)
+fig.update_layout(
+    title="Update contribution per unit |Â|, by the token's old probability",
+    xaxis_title="π_old(token)",
+    yaxis_title="|c|·‖e − π‖ / |c_GRPO|",
+    height=360,
+)
+fig.show()
+
+# %% [markdown]
+# The AR factor depends only on the token's own old probability, so every occurrence of one
+# (context, token) event gets the same factor: **AR does not break the cancellation of whole-group
+# events** ($\sum_i f\hat A_i = f\sum_i\hat A_i = 0$). It changes how the non-shared tokens are weighted
+# against each other.
+#
+# ## 4. Lopti: update the low-probability tokens first
+#
+# Lopti (004 §4.2) splits the tokens at $\eta$ and runs two updates per step: first with the
+# advantages of the high-probability tokens zeroed (only $\pi_\text{old} < \eta$ tokens speak), then,
+# on the updated model, with the low-probability tokens zeroed, reusing the same old log-probs (so
+# the second stage's ratios include the first stage's drift). The high-probability tokens thus get
+# an update in which the rare tokens cannot drown them. `lopti_masks` gives the two sets, and
+# `simulate(..., lopti_eta=η)` runs the two stages:
+
+# %%
+stage1 = adv[:, None] * low  # per-token advantages of stage 1: only π_old < η
+stage2 = adv[:, None] * high  # stage 2: only π_old ≥ η
+print("stage 1 tokens:", int((stage1 != 0).sum()), "  stage 2 tokens:", int((stage2 != 0).sum()))
+print("together they are GRPO's advantages:", torch.equal(stage1 + stage2, adv[:, None] * mask))
+
+# %% [markdown]
+# ## 5. In training, and what the toy can and cannot show
+#
+# Six seeds of 100 steps on `template_task` (G = 8, 4 inner epochs, SGD lr 0.5), with the defaults
+# of Lopti's public code: AR α = 0.2 alone, Lopti η = 0.4 alone, α = 0.3 with η = 0.5 together.
+
+# %%
+variants = {
+    "GRPO": {},
+    "GRPO + AR (α=0.2)": {"ar_alpha": 0.2},
+    "GRPO + Lopti (η=0.4)": {"lopti_eta": 0.4},
+    "GRPO + AR + Lopti": {"ar_alpha": 0.3, "lopti_eta": 0.5},
+}
+print(f"{'variant':22} {'E[R] final':>15} {'steps→0.9':>10} {'template KL':>15} {'group-shared res.':>18}")
+for name, params in variants.items():
+    runs = [simulate(sc, "grpo", steps=100, seed=seed, **params) for seed in range(6)]
+    reward = [rows[-1]["expected_reward"] for rows in runs]
+    kl = [rows[-1]["template_kl"] for rows in runs]
+    hits = [
+        steps_to_threshold([r["expected_reward"] for r in rows], 0.9, [r["step"] for r in rows])
+        for rows in runs
+    ]
+    gsr = statistics.mean(
+        r["group_shared_residual"] for rows in runs for r in rows if r["group_shared_residual"] >= 0
+    )
+    reward_text = f"{statistics.mean(reward):.3f} ± {statistics.stdev(reward):.3f}"
+    kl_text = f"{statistics.mean(kl):.3f} ± {statistics.stdev(kl):.3f}"
+    print(f"{name:22} {reward_text:>15} {statistics.mean(hits):10.1f} {kl_text:>15} {gsr:18.3f}")
+
+# %% [markdown]
+# Honest reading:
+#
+# * **No benefit shows up on this toy.** The rewards end at the same value, AR reaches the threshold
+#   a few steps later (its advantages are smaller on average), and the template KL is, if anything,
+#   *higher* with AR (we have not isolated why; one candidate is that it weights the frequent
+#   first synonyms relatively more). All variants keep whole-group events cancelled exactly, as
+#   section 3 predicts.
+# * **Why the toy cannot show 004's effect.** 004's argument is that the long levers of rare tokens,
+#   propagated through layers **shared by all tokens**, steer the probabilities of the frequent
+#   tokens (their §3.4: updating only the lowest-probability quartile reproduces most of the full
+#   update). In the tabular toy every context has its own logits, so a rare token can only move the
+#   probabilities of its own context's alternatives. What the toy does show exactly is the lever
+#   itself (section 1), how much of a batch's update the rare tokens carry (section 2), and what
+#   AR and Lopti do to the weights (sections 3–4).
+#
+# ## Exercises
+#
+# **Exercise 7.1 — the lever by autograd.** Write `my_score_norm(i, t)` returning
+# $\lVert\nabla_z\log\pi(a_t^{(i)} \mid h_t^{(i)})\rVert$ for token $t$ of sampled completion $i$,
+# computed by autograd through `policy.token_logp`. The check compares with `softmax_grad_norm`
+# for several tokens.
+
+
+# %%
+def my_score_norm(i: int, t: int) -> float:
+    """‖∂ log π(a_t | h_t) / ∂ logits‖ for completion idx[i]. Replace this body with your own code."""
+    z = theta.clone().requires_grad_(True)
+    policy.token_logp(z, idx[i : i + 1])[0, t].backward()
+    return float(z.grad.norm())
+
+
+# %%
+for i, t in [(0, 0), (3, 2), (5, 5), (17, 1), (31, 4)]:
+    expected = score_norm[i, t]
+    assert torch.allclose(torch.tensor(my_score_norm(i, t), dtype=f64), expected, atol=1e-12), (i, t)
+print("✓ correct")
+
+# %% [markdown]
+# **Exercise 7.2 — reading the AR factor.** With α = 0.2, at which old probability does Advantage
+# Reweighting keep exactly 90 % of a token's advantage? The check applies `reweight_advantages` to a
+# token with your probability.
+
+
+# %%
+def my_pi_for_90_percent(alpha: float) -> float:
+    """π_old with α·π_old + (1 − α) = 0.9. Replace this with your own answer."""
+    return 0.5
+
+
+# %%
+pi = my_pi_for_90_percent(0.2)
+kept = reweight_advantages(torch.ones(1, dtype=f64), torch.tensor([[pi]], dtype=f64).log(), alpha=0.2)
+assert torch.allclose(kept, torch.tensor([[0.9]], dtype=f64), atol=1e-12), kept
+print("✓ correct")
