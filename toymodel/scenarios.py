@@ -161,6 +161,45 @@ def shared_prefix_policies(rho1: float, rho2: float, lam1: float, lam2: float) -
     return new, old
 
 
+def pair_coefficients(
+    scenario: Scenario,
+    taus: tuple[tuple[str, ...], tuple[str, ...]],
+    logits: Tensor,
+    old_logits: Tensor,
+    advantage: float,
+    objective: str,
+    **params: object,
+) -> Tensor:
+    """(2, T) ∂J/∂logp of the group {τ1, τ2} with Â = (−A, +A) (eq. 32), under π_θ = ``logits``, π_old."""
+    policy = scenario.policy()
+    idx = torch.tensor([policy.trajectory_index(taus[0]), policy.trajectory_index(taus[1])])
+    adv = torch.tensor([-advantage, advantage], dtype=policy.dtype)
+    return token_coefficients(
+        objective,
+        policy.token_logp(logits, idx),
+        policy.token_logp(old_logits, idx),
+        adv,
+        policy.mask[idx],
+        torch.zeros(2, dtype=torch.long),
+        **params,
+    )
+
+
+def shared_prefix_coefficients(
+    objective: str,
+    rho1: float,
+    rho2: float,
+    lam1: float,
+    lam2: float,
+    advantage: float = 1.0,
+    **params: object,
+) -> Tensor:
+    """(2, 3) ∂J/∂logp of τ1 = "answer is 25" (Â = −A) and τ2 = "answer is 20" (Â = +A) at t = 1, 2, 3."""
+    new, old = shared_prefix_policies(rho1, rho2, lam1, lam2)
+    taus = (("answer", "is", "25"), ("answer", "is", "20"))
+    return pair_coefficients(SHARED_PREFIX, taus, new, old, advantage, objective, **params)
+
+
 def shared_prefix_net(
     objective: str,
     rho1: float,
@@ -176,21 +215,7 @@ def shared_prefix_net(
     π_θ and π_old from ``shared_prefix_policies``; ``params`` go to the objective (e.g.
     ``length_norm=False`` and a huge clip range for eq. 38's closed form A·ρ1·ρ2·(λ2 − λ1)/G).
     """
-    policy = SHARED_PREFIX.policy()
-    idx = torch.tensor(
-        [policy.trajectory_index(("answer", "is", "25")), policy.trajectory_index(("answer", "is", "20"))]
-    )
-    new, old = shared_prefix_policies(rho1, rho2, lam1, lam2)
-    adv = torch.tensor([-advantage, advantage], dtype=policy.dtype)
-    coef = token_coefficients(
-        objective,
-        policy.token_logp(new, idx),
-        policy.token_logp(old, idx),
-        adv,
-        policy.mask[idx],
-        torch.zeros(2, dtype=torch.long),
-        **params,
-    )
+    coef = shared_prefix_coefficients(objective, rho1, rho2, lam1, lam2, advantage, **params)
     net = coef.sum(0)  # both trajectories share steps 1 and 2: same context, same token
     return float(net[0]), float(net[1])
 
@@ -258,18 +283,9 @@ def clip_asymmetry_policies(w: float) -> tuple[Tensor, Tensor]:
 
 def clip_asymmetry_net(objective: str, w: float, advantage: float = 1.0, **params: object) -> float:
     """Net coefficient Σ_i ∂J/∂logp of the shared first token of DFPO App. F (ratio w), for Â = (−A, +A)."""
-    policy = CLIP_ASYMMETRY.policy()
-    idx = torch.tensor([policy.trajectory_index(("answer", "25")), policy.trajectory_index(("answer", "20"))])
     new, old = clip_asymmetry_policies(w)
-    adv = torch.tensor([-advantage, advantage], dtype=policy.dtype)
-    coef = token_coefficients(
-        objective,
-        policy.token_logp(new, idx),
-        policy.token_logp(old, idx),
-        adv,
-        policy.mask[idx],
-        torch.zeros(2, dtype=torch.long),
-        **params,
+    coef = pair_coefficients(
+        CLIP_ASYMMETRY, (("answer", "25"), ("answer", "20")), new, old, advantage, objective, **params
     )
     return float(coef[:, 0].sum())
 

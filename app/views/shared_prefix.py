@@ -12,12 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 import streamlit as st
-import torch
 
 from app.common import page_header, user_errors
 from app.theory_figures import ZERO_TOL, coefficient_bars, fmt_number
-from cancellation.diagnostics import token_coefficients
-from toymodel.scenarios import SHARED_PREFIX, shared_prefix_net, shared_prefix_policies
+from toymodel.scenarios import shared_prefix_coefficients, shared_prefix_net, shared_prefix_policies
 from toymodel.theory import shared_prefix_closed_form
 
 #: the objectives the page offers: label -> (registered objective, fixed params); ε is added per objective
@@ -31,8 +29,6 @@ OBJECTIVES: dict[str, tuple[str, dict[str, Any]]] = {
     "DFPO orth_proj_pos": ("dfpo", {"transform": "orth_proj_pos"}),
     "DFPO truncate_rebalance": ("dfpo", {"transform": "truncate_rebalance"}),
 }
-TAU1 = ("answer", "is", "25")
-TAU2 = ("answer", "is", "20")
 STEPS = ("t=1 'answer'", "t=2 'is'", "t=3 '25' / '20'")
 
 
@@ -47,20 +43,8 @@ def objective_call(label: str, eps: float) -> tuple[str, dict[str, Any]]:
 def coefficients(label: str, rho1: float, rho2: float, lam1: float, lam2: float, a: float, eps: float):
     """(2, 3) ∂J/∂logp of τ1 and τ2 at t = 1, 2, 3 on the toy's exact policies."""
     name, params = objective_call(label, eps)
-    policy = SHARED_PREFIX.policy()
-    idx = torch.tensor([policy.trajectory_index(TAU1), policy.trajectory_index(TAU2)])
-    new, old = shared_prefix_policies(rho1, rho2, lam1, lam2)
-    adv = torch.tensor([-a, a], dtype=policy.dtype)  # DFPO eq. (32)
-    coef = token_coefficients(
-        name,
-        policy.token_logp(new, idx),
-        policy.token_logp(old, idx),
-        adv,
-        policy.mask[idx],
-        torch.zeros(2, dtype=torch.long),
-        **params,
-    )
-    return coef.tolist()
+    # DFPO eq. (32): Â = (−A, +A)
+    return shared_prefix_coefficients(name, rho1, rho2, lam1, lam2, a, **params).tolist()
 
 
 @st.cache_data(show_spinner=False, max_entries=256)
