@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from pathlib import Path
 
 import pytest
@@ -120,15 +119,3 @@ def test_extreme_slider_values_do_not_crash(at: AppTest, settings: dict[str, flo
     at.run()
     assert not at.error
     assert_numbers_match(at)
-
-
-def test_rerun_time_is_reported() -> None:
-    app = AppTest.from_file(PAGE, default_timeout=60)
-    t0 = time.perf_counter()
-    app.run()
-    first = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    app.run()
-    second = time.perf_counter() - t0
-    assert not app.exception
-    print(f"\nlow_prob page: first run {first:.3f} s, second run {second:.3f} s")

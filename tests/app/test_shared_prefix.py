@@ -8,7 +8,6 @@ eq. (38) functions, and the bars from ``token_coefficients`` on the toy's polici
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -192,15 +191,3 @@ def test_extreme_slider_values_do_not_crash(at: AppTest, settings: dict[str, flo
         assert not at.exception
         assert not at.error
         assert_numbers_match(at)
-
-
-def test_rerun_time_is_reported() -> None:
-    app = AppTest.from_file(PAGE, default_timeout=60)
-    t0 = time.perf_counter()
-    app.run()
-    first = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    app.run()
-    second = time.perf_counter() - t0
-    assert not app.exception
-    print(f"\nshared_prefix page: first run {first:.3f} s, second run {second:.3f} s")

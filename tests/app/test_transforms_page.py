@@ -8,7 +8,6 @@ Edits of the data editor go through AppTest's documented route for keyed editors
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -220,10 +219,3 @@ def test_bad_groups_show_an_error(edit, message):
     assert not at.exception
     assert at.error and message in at.error[0].value
     assert not at.metric  # nothing computed from a bad group
-
-
-def test_rerun_time():
-    at = _run()
-    t0 = time.perf_counter()
-    _run(at)
-    print(f"\ntransforms page, second run: {time.perf_counter() - t0:.3f} s")
