@@ -1,0 +1,257 @@
+"""A tiny Qwen3-architecture model and tokenizer, built and saved locally (nothing downloads).
+
+    python -m scaledrun.tiny --out artifacts/tiny-qwen3                      # 2-digit addition, warm start
+    python -m scaledrun.tiny --out /tmp/tiny --task template --warm-start-steps 0
+
+The tokenizer is a byte-level BPE trained with ``tokenizers`` on the task's text (digits split one
+per token, so numbers are digit sequences), with the special tokens ``<|im_start|>``, ``<|im_end|>``
+(EOS), ``<|endoftext|>`` and ``<|pad|>`` and a ChatML chat template, wrapped as
+``PreTrainedTokenizerFast``. The model is a ``Qwen3ForCausalLM`` with hidden 64, 2 layers, 4 heads,
+2 KV heads, intermediate 128 and tied embeddings. Both are written with ``save_pretrained`` and
+load back through ``AutoTokenizer`` / ``AutoModelForCausalLM.from_pretrained``, the path real runs use.
+
+The optional warm start is supervised teacher forcing on (chat-formatted prompt, solution + EOS)
+pairs of the train split, loss on the completion tokens only, AdamW, so RL later starts from a
+non-zero success rate. ``warm_start.json`` in the folder records the loss curve and the greedy
+accuracy on held-out prompts before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .rewards import exact_match
+from .tasks import TASKS, Task, format_prompt, load_task
+
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>")
+EOS_TOKEN = "<|im_end|>"
+PAD_TOKEN = "<|pad|>"
+#: ChatML, as Qwen's chat models use (without tools or thinking).
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+#: The model's shape (Qwen3Config fields).
+MODEL_SHAPE = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 128,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": True,
+}
+
+
+def train_tokenizer(texts: list[str], vocab_size: int = 512) -> Any:
+    """A byte-level BPE (digits one per token) trained on ``texts``, as ``PreTrainedTokenizerFast``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        bos_token=None,
+        unk_token=None,
+        additional_special_tokens=["<|im_start|>", "<|endoftext|>"],
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def _tokenizer_corpus(task: str, seed: int) -> list[str]:
+    texts: list[str] = ["system", "user", "assistant", "\n"]
+    for split in ("train", "eval"):
+        for t in load_task(task, split, 1000 if split == "train" else 250, seed=seed):
+            texts += [t.prompt, t.solution]
+    return texts
+
+
+def make_model(vocab_size: int, pad_id: int, eos_id: int, seed: int) -> Any:
+    """A randomly initialised ``Qwen3ForCausalLM`` of ``MODEL_SHAPE``."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3Config(
+        vocab_size=vocab_size, pad_token_id=pad_id, eos_token_id=eos_id, bos_token_id=None, **MODEL_SHAPE
+    )
+    model = Qwen3ForCausalLM(config)
+    model.generation_config.pad_token_id = pad_id
+    model.generation_config.eos_token_id = eos_id
+    model.generation_config.bos_token_id = None
+    return model
+
+
+def _sft_batch(tokenizer: Any, tasks: list[Task]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask, labels) right-padded; labels −100 outside the completion tokens."""
+    rows, labels = [], []
+    for t in tasks:
+        p = tokenizer(format_prompt(tokenizer, t.prompt), add_special_tokens=False)["input_ids"]
+        c = tokenizer(t.solution + EOS_TOKEN, add_special_tokens=False)["input_ids"]
+        rows.append(p + c)
+        labels.append([-100] * len(p) + c)
+    width = max(map(len, rows))
+    pad = tokenizer.pad_token_id
+    ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
+    att = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+    lab = torch.tensor([r + [-100] * (width - len(r)) for r in labels])
+    return ids, att, lab
+
+
+@torch.no_grad()
+def greedy_completions(
+    model: Any, tokenizer: Any, prompts: list[str], max_new_tokens: int, batch: int = 128
+) -> list[str]:
+    """Greedy completions of ``prompts`` (chat-formatted here), left-padded, stopping at EOS."""
+    model.eval()
+    out: list[str] = []
+    for i in range(0, len(prompts), batch):
+        texts = [format_prompt(tokenizer, p) for p in prompts[i : i + batch]]
+        enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        gen = model.generate(**enc, do_sample=False, max_new_tokens=max_new_tokens)
+        out += tokenizer.batch_decode(gen[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+    return out
+
+
+def greedy_accuracy(model: Any, tokenizer: Any, tasks: list[Task], max_new_tokens: int) -> float:
+    """Fraction of ``tasks`` whose greedy completion gets ``exact_match`` reward 1."""
+    prompts = [t.prompt for t in tasks]
+    completions = greedy_completions(model, tokenizer, prompts, max_new_tokens)
+    return sum(exact_match(prompts, completions, [t.answer for t in tasks])) / len(tasks)
+
+
+def warm_start(
+    model: Any,
+    tokenizer: Any,
+    tasks: list[Task],
+    steps: int,
+    seed: int = 0,
+    batch_size: int = 64,
+    lr: float = 3e-3,
+) -> list[float]:
+    """Supervised teacher forcing on (prompt, solution + EOS), loss on completion tokens; the loss per step.
+
+    AdamW (lr, weight decay 0.01) with a cosine decay to 0.1·lr and 5% warm-up; batches are drawn
+    with a generator seeded by ``seed``.
+    """
+    ids, att, lab = _sft_batch(tokenizer, tasks)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    warm = max(1, steps // 20)
+
+    def schedule(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm)))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+    gen = torch.Generator().manual_seed(seed)
+    losses: list[float] = []
+    model.train()
+    for _ in range(steps):
+        idx = torch.randint(len(tasks), (batch_size,), generator=gen)
+        loss = model(input_ids=ids[idx], attention_mask=att[idx], labels=lab[idx]).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+    model.eval()
+    return losses
+
+
+def build_tiny(
+    out_dir: str | Path,
+    task: str = "arithmetic",
+    seed: int = 0,
+    warm_start_steps: int = 0,
+    *,
+    digits: int = 2,
+    ops: str = "+",
+    num_eval: int = 100,
+) -> Path:
+    """Build, optionally warm-start, and save the tiny model and tokenizer in ``out_dir``; return it.
+
+    ``warm_start.json`` records the settings, the loss of every warm-start step, the greedy accuracy
+    on ``num_eval`` held-out prompts before and after, the parameter count and the seconds it took.
+    """
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r} for the tiny model; valid: {', '.join(TASKS)}")
+    if warm_start_steps < 0:
+        raise ValueError(f"`warm_start_steps` must be ≥ 0, got {warm_start_steps}")
+    t0 = time.perf_counter()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = train_tokenizer(_tokenizer_corpus(task, seed))
+    model = make_model(len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, seed)
+    train = load_task(task, "train", 2000, seed=seed, digits=digits, ops=ops)
+    held_out = load_task(task, "eval", num_eval, seed=seed, digits=digits, ops=ops)
+    max_new = max(len(tokenizer(t.solution)["input_ids"]) for t in held_out) + 2
+    record: dict[str, Any] = {
+        "task": task, "digits": digits, "ops": ops, "seed": seed, "warm_start_steps": warm_start_steps,
+        "num_parameters": sum(p.numel() for p in model.parameters()), "vocab_size": len(tokenizer),
+    }  # fmt: skip
+    if warm_start_steps > 0:
+        record["accuracy_before"] = greedy_accuracy(model, tokenizer, held_out, max_new)
+        record["losses"] = warm_start(model, tokenizer, train, warm_start_steps, seed=seed)
+        record["accuracy_after"] = greedy_accuracy(model, tokenizer, held_out, max_new)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    record["seconds"] = time.perf_counter() - t0
+    (out / "warm_start.json").write_text(json.dumps(record, indent=1))
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True, help="folder to write the model and tokenizer to")
+    ap.add_argument("--task", default="arithmetic", choices=list(TASKS))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--warm-start-steps",
+        type=int,
+        default=200,
+        help="supervised steps (0: none; 200 gives ~6%% greedy accuracy on 2-digit addition, 300 ~79%%)",
+    )
+    ap.add_argument("--digits", type=int, default=2)
+    ap.add_argument("--ops", default="+")
+    args = ap.parse_args(argv)
+    out = build_tiny(args.out, args.task, args.seed, args.warm_start_steps, digits=args.digits, ops=args.ops)
+    rec = json.loads((out / "warm_start.json").read_text())
+    print(
+        f"saved {out} ({rec['num_parameters']:,} parameters, vocab {rec['vocab_size']}) in {rec['seconds']:.1f} s"
+    )
+    if "losses" in rec:
+        print(
+            f"warm start {args.warm_start_steps} steps: loss {rec['losses'][0]:.3f} -> {rec['losses'][-1]:.3f}, "
+            f"greedy accuracy on held-out prompts {rec['accuracy_before']:.2f} -> {rec['accuracy_after']:.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

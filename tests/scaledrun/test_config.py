@@ -1,0 +1,135 @@
+"""RunConfig: YAML + command line through HfArgumentParser, validation naming the field, presets, round trip."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from cancellation.objectives import objective_names
+from cancellation.transforms import TRANSFORMS
+from scaledrun.config import PRESETS, RunConfig, field_docs, load_config, save_config
+from scaledrun.rewards import reward_names
+
+DEFAULT_YAML = Path(__file__).resolve().parents[2] / "scaledrun" / "configs" / "default.yaml"
+
+
+def test_default_yaml_maps_one_to_one_to_the_dataclass():
+    import yaml
+
+    keys = list(yaml.safe_load(DEFAULT_YAML.read_text()))
+    assert keys == [f.name for f in dataclasses.fields(RunConfig)]
+    assert load_config(str(DEFAULT_YAML), []) == RunConfig()
+
+
+def test_every_field_has_a_docstring():
+    docs = field_docs()
+    assert set(docs) == {f.name for f in dataclasses.fields(RunConfig)}
+    assert all(len(d) > 10 for d in docs.values())
+
+
+def test_overrides_win_over_yaml_and_yaml_over_defaults(tmp_path):
+    path = tmp_path / "run.yaml"
+    # pyyaml reads 8e-7 (no dot) as a string: it must still load as the float
+    path.write_text("objective: gspo\nlr: 8e-7\ngroup_size: 4\nar_alpha: 0.2\n")
+    cfg = load_config(str(path), ["--objective", "dfpo", "--transform", "orth_proj", "--ar_alpha", "none"])
+    assert (cfg.objective, cfg.transform, cfg.group_size, cfg.ar_alpha) == ("dfpo", "orth_proj", 4, None)
+    assert cfg.lr == 8e-7 and isinstance(cfg.lr, float)
+    assert cfg.objective_params() == {"length_norm": True, "transform": "orth_proj", "stop_grad": True}
+    cfg = load_config(None, ["--objective", "grpo", "--epsilon_high", "0.28", "--beta", "0.01"])
+    assert cfg.objective_params() == {"epsilon_high": 0.28, "beta": 0.01}
+    cfg = load_config(None, ["--no_mask_truncated", "--lora_target_modules", "q_proj", "v_proj"])
+    assert cfg.mask_truncated is False and cfg.lora_target_modules == ["q_proj", "v_proj"]
+
+
+def test_presets_layer_under_yaml_and_cli(tmp_path):
+    cfg = load_config(None, ["--preset", "dfpo_paper"])
+    # DFPO paper App. I
+    assert (cfg.lr, cfg.min_lr_ratio, cfg.warmup_ratio, cfg.group_size) == (8e-7, 0.2, 0.03, 32)
+    assert cfg.objective == "dfpo" and cfg.model == "Qwen/Qwen3-32B"
+    path = tmp_path / "p.yaml"
+    path.write_text("preset: qwen3-0.6b\nlr: 3.0e-6\n")
+    cfg = load_config(str(path), [])
+    assert (cfg.model, cfg.lr, cfg.dtype) == ("Qwen/Qwen3-0.6B", 3e-6, "bfloat16")
+    assert any("Qwen2.5" in p.get("model", "") for p in PRESETS.values())
+    for name in PRESETS:  # every preset is a valid config
+        assert load_config(None, ["--preset", name]).preset == name
+
+
+def test_save_config_round_trips(tmp_path):
+    cfg = load_config(None, ["--preset", "dfpo_paper", "--transform", "orth_proj_pos", "--grad_clip", "none"])
+    path = save_config(cfg, tmp_path / "sub" / "config.yaml")
+    assert load_config(str(path), []) == cfg
+    assert cfg.grad_clip is None
+
+
+@pytest.mark.parametrize(
+    ("args", "field", "lists"),
+    [
+        (["--objective", "ppo"], "objective", objective_names()),
+        (["--objective", "dfpo", "--transform", "flip"], "transform", list(TRANSFORMS)),
+        (["--aggregation", "sum"], "aggregation", ["token-mean", "seq-mean-token-mean"]),
+        (["--reward", "bleu"], "reward", reward_names()),
+        (["--task", "chess"], "task", ["arithmetic", "arithmetic_words", "template"]),
+        (["--group_size", "1"], "group_size", []),
+        (["--epsilon_low", "1.0"], "epsilon_low", []),
+        (["--epsilon_low", "-0.1"], "epsilon_low", []),
+        (["--temperature", "0"], "temperature", []),
+        (["--top_p", "0"], "top_p", []),
+        (["--top_p", "1.5"], "top_p", []),
+        (["--lr", "0"], "lr", []),
+        (["--lr=-1e-4"], "lr", []),
+        (["--prompts_per_step", "2", "--num_minibatches", "3"], "num_minibatches", []),
+        (["--objective", "dfpo", "--ar_alpha", "0.2"], "ar_alpha", []),
+        (["--objective", "dfpo", "--lopti_eta", "0.4"], "lopti_eta", []),
+        (["--objective", "grpo", "--transform", "orth_proj"], "transform", []),
+        (["--dtype", "float8"], "dtype", ["float32", "bfloat16"]),
+        (["--preset", "qwen9"], "preset", list(PRESETS)),
+    ],
+)
+def test_invalid_values_name_the_field(args, field, lists):
+    with pytest.raises(ValueError, match=f"`{field}`") as info:
+        load_config(None, args)
+    for name in lists:
+        assert name in str(info.value)
+
+
+def test_random_batching_allows_more_minibatches_than_prompts():
+    cfg = load_config(None, ["--batching", "random", "--prompts_per_step", "2", "--num_minibatches", "3"])
+    assert cfg.num_minibatches == 3
+
+
+def test_missing_task_file_names_the_path(tmp_path):
+    missing = tmp_path / "nope.jsonl"
+    with pytest.raises(ValueError, match="`task`") as info:
+        load_config(None, ["--task", str(missing)])
+    assert str(missing) in str(info.value)
+    present = tmp_path / "data.jsonl"
+    present.write_text('{"prompt": "1+1", "answer": "2"}\n')
+    assert load_config(None, ["--task", str(present)]).task == str(present)
+
+
+def test_unknown_yaml_key_and_bad_yaml_types(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("objective: grpo\nlearning_rate: 1e-4\n")
+    with pytest.raises(ValueError, match="learning_rate"):
+        load_config(str(path), [])
+    path.write_text("group_size: eight\n")
+    with pytest.raises(ValueError, match="`group_size`"):
+        load_config(str(path), [])
+    path.write_text("mask_truncated: 3\n")
+    with pytest.raises(ValueError, match="`mask_truncated`"):
+        load_config(str(path), [])
+
+
+def test_unknown_and_malformed_cli_options_raise():
+    with pytest.raises(ValueError, match="--bogus"):
+        load_config(None, ["--bogus", "1"])
+    with pytest.raises(ValueError, match="lr"):
+        load_config(None, ["--lr", "abc"])
+
+
+def test_direct_construction_validates():
+    with pytest.raises(ValueError, match="`group_size`"):
+        RunConfig(group_size=0)
