@@ -1,0 +1,338 @@
+"""Rollouts: G sampled completions per prompt, their masks and the old policy's log-probs.
+
+A ``RolloutBatch`` holds one flat batch of completions in the shapes of DESIGN.md: the prompt part of
+``input_ids`` is left-padded to ``prompt_len`` columns, the completion part (the last T columns) is
+right-padded; ``completion_mask``, ``old_logp`` (B, T) refer to the completion part only.
+
+- ``generate_rollouts``: ``model.generate`` (sampling, KV cache, stop at EOS) under ``torch.no_grad``,
+  then the completion mask (up to and including the first EOS; truncated completions optionally
+  masked out) and the old log-probs from one no-grad forward pass of the same policy;
+- ``completion_logprobs``: log π of the completion tokens (float32 log_softmax), optionally the
+  policy's token entropy; the trainer's loss forward pass uses the same function, so the ratio is
+  exactly 1 before the first update (no dropout);
+- ``concat_batches`` and ``RolloutBatch.select``: re-padding concatenation and row selection (the
+  reward-balanced buffer needs both).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+@dataclass
+class RolloutBatch:
+    """One batch of completions.
+
+    Attributes:
+        input_ids: (B, P + T) prompt (left-padded to P = ``prompt_len``) then completion (right-padded).
+        attention_mask: (B, P + T) 1 on real prompt and completion tokens (through the first EOS).
+        completion_mask: (B, T) float 1 on the tokens that take part in the loss (through the first EOS;
+            all 0 for a truncated completion when ``mask_truncated``).
+        old_logp: (B, T) float32 log π_old of each completion token (0 on padding).
+        group: (B,) int64 global prompt id of each completion.
+        advantages: (B,) float32 group-relative advantages (filled by the trainer; zeros until then).
+        rewards: (B,) float32 rewards (filled by the trainer).
+        truncated: (B,) bool, no EOS within max_new_tokens.
+        ref_logp: (B, T) log π_ref (β > 0 only) or None.
+        prompts, completions, answers: the texts, one per row.
+    """
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    completion_mask: Tensor
+    old_logp: Tensor
+    group: Tensor
+    advantages: Tensor
+    rewards: Tensor
+    truncated: Tensor
+    ref_logp: Tensor | None
+    prompts: list[str]
+    completions: list[str]
+    answers: list[str]
+
+    @property
+    def prompt_len(self) -> int:
+        return self.input_ids.shape[1] - self.completion_mask.shape[1]
+
+    @property
+    def completion_ids(self) -> Tensor:
+        """(B, T) the completion tokens."""
+        return self.input_ids[:, self.prompt_len :]
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def select(self, idx: Tensor) -> RolloutBatch:
+        """The rows ``idx`` (int64 indices), in that order."""
+        out: dict[str, Any] = {}
+        rows = idx.tolist()
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, Tensor):
+                out[f.name] = v[idx.to(v.device)]
+            elif isinstance(v, list):
+                out[f.name] = [v[i] for i in rows]
+            else:
+                out[f.name] = v
+        return RolloutBatch(**out)
+
+    def to(self, device: torch.device | str) -> RolloutBatch:
+        kw = {f.name: getattr(self, f.name) for f in fields(self)}
+        return RolloutBatch(**{k: v.to(device) if isinstance(v, Tensor) else v for k, v in kw.items()})
+
+
+def _pad_cols(x: Tensor, left: int, right: int, value: float) -> Tensor:
+    return F.pad(x, (left, right), value=value) if left or right else x
+
+
+def concat_batches(batches: list[RolloutBatch], pad_token_id: int) -> RolloutBatch:
+    """Concatenate batches row-wise, re-padding prompts on the left and completions on the right."""
+    if not batches:
+        raise ValueError("concat_batches needs at least one batch")
+    p = max(b.prompt_len for b in batches)
+    t = max(b.completion_mask.shape[1] for b in batches)
+    parts: dict[str, list[Any]] = {f.name: [] for f in fields(RolloutBatch)}
+    for b in batches:
+        lp, rt = p - b.prompt_len, t - b.completion_mask.shape[1]
+        parts["input_ids"].append(
+            _pad_cols(
+                torch.cat(
+                    [_pad_cols(b.input_ids[:, : b.prompt_len], lp, 0, pad_token_id), b.completion_ids], 1
+                ),
+                0,
+                rt,
+                pad_token_id,
+            )
+        )
+        parts["attention_mask"].append(_pad_cols(b.attention_mask, lp, rt, 0))
+        for name in ("completion_mask", "old_logp"):
+            parts[name].append(_pad_cols(getattr(b, name), 0, rt, 0.0))
+        parts["ref_logp"].append(None if b.ref_logp is None else _pad_cols(b.ref_logp, 0, rt, 0.0))
+        for name in ("group", "advantages", "rewards", "truncated"):
+            parts[name].append(getattr(b, name))
+        for name in ("prompts", "completions", "answers"):
+            parts[name].extend(getattr(b, name))
+    out: dict[str, Any] = {}
+    for k, v in parts.items():
+        if k in ("prompts", "completions", "answers"):
+            out[k] = v
+        elif k == "ref_logp":
+            out[k] = None if any(x is None for x in v) else torch.cat(v, 0)
+        else:
+            out[k] = torch.cat(v, 0)
+    return RolloutBatch(**out)
+
+
+def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
+    """(B, L) positions that skip left padding, as ``generate`` computes them for a left-padded batch."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def completion_logprobs(
+    model: Any,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    completion_len: int,
+    *,
+    with_entropy: bool = False,
+    with_hidden: bool = False,
+) -> dict[str, Tensor]:
+    """Log-probs of the last ``completion_len`` tokens of ``input_ids`` under ``model``.
+
+    Args:
+        model: a causal LM (PEFT-wrapped or not, DDP-wrapped or not).
+        input_ids: (B, P + T) token ids; attention_mask: (B, P + T).
+        completion_len: T.
+        with_entropy: also return ``entropy`` (B, T), the policy's entropy at each completion position.
+        with_hidden: also return ``probs`` (B, T, V) and ``hidden_norm`` (B, T), ‖h‖ of the final hidden
+            state (the energy-by-bucket proxy needs both; costly for a large vocabulary).
+    Returns:
+        a dict with ``logp`` (B, T) float32 (carries the gradient when grad is enabled) and the extras.
+    """
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids_from_mask(attention_mask),
+        use_cache=False,
+        output_hidden_states=with_hidden,
+    )
+    # the logit at position k predicts token k + 1: the completion tokens are predicted from P − 1 .. L − 2
+    logits = out.logits[:, -completion_len - 1 : -1, :].float()
+    targets = input_ids[:, -completion_len:]
+    logsm = torch.log_softmax(logits, dim=-1)
+    res = {"logp": logsm.gather(-1, targets.unsqueeze(-1)).squeeze(-1)}
+    if with_entropy or with_hidden:
+        with torch.no_grad():
+            probs = logsm.detach().exp()
+            if with_entropy:
+                res["entropy"] = -(probs * logsm.detach()).sum(-1)
+            if with_hidden:
+                res["probs"] = probs
+                h = out.hidden_states[-1][:, -completion_len - 1 : -1, :].float()
+                res["hidden_norm"] = h.norm(dim=-1)
+    return res
+
+
+def first_eos_mask(completion_ids: Tensor, eos_ids: list[int]) -> tuple[Tensor, Tensor]:
+    """(mask (B, T) float: 1 through the first EOS; truncated (B,) bool: no EOS in the row)."""
+    is_eos = torch.zeros_like(completion_ids, dtype=torch.bool)
+    for e in eos_ids:
+        is_eos |= completion_ids == e
+    t = completion_ids.shape[1]
+    pos = torch.arange(t, device=completion_ids.device).expand_as(completion_ids)
+    first = torch.where(is_eos, pos, torch.full_like(pos, t)).min(dim=1).values
+    mask = (pos <= first[:, None]).float()
+    return mask, first >= t
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    if eos is None:
+        raise ValueError(
+            "the tokenizer and the generation config define no eos_token_id: generation cannot stop"
+        )
+    return list(eos) if isinstance(eos, (list, tuple)) else [int(eos)]
+
+
+@torch.no_grad()
+def generate_rollouts(
+    model: Any,
+    tokenizer: Any,
+    prompts: list[str],
+    answers: list[str],
+    group_ids: list[int],
+    *,
+    num_generations: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    mask_truncated: bool,
+    do_sample: bool = True,
+    ref_model_ctx: Any = None,
+    chunk_size: int | None = None,
+) -> tuple[RolloutBatch, dict[str, float]]:
+    """G = ``num_generations`` completions for each (already chat-formatted) prompt.
+
+    ``model`` is the unwrapped policy (``accelerator.unwrap_model``). Sampling uses the global torch
+    RNG: the trainer seeds it from (seed, step, process) just before, which makes a resumed run sample
+    exactly what an uninterrupted one does. ``ref_model_ctx``: a zero-argument callable returning a
+    context manager under which ``model`` is the reference policy (``model.disable_adapter``); when
+    given, ``ref_logp`` is filled. Returns the batch and its diagnostics (``entropy``: the mean token
+    entropy of the policy on the sampled tokens; ``completion_length``; ``truncated_frac``).
+    """
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    if tokenizer.padding_side != "left":
+        raise ValueError(
+            "the tokenizer must pad on the left for generation (tokenizer.padding_side = 'left')"
+        )
+    ids = enc["input_ids"].repeat_interleave(num_generations, 0).to(device)
+    am = enc["attention_mask"].repeat_interleave(num_generations, 0).to(device)
+    eos_ids = _eos_ids(model, tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+    gen_kwargs: dict[str, Any] = {
+        "max_new_tokens": max_new_tokens,
+        "do_sample": do_sample,
+        "eos_token_id": eos_ids,
+        "pad_token_id": pad_id,
+        "use_cache": True,
+    }
+    if do_sample:
+        gen_kwargs.update(temperature=temperature, top_p=top_p, top_k=0)
+    seqs = model.generate(input_ids=ids, attention_mask=am, **gen_kwargs)
+    p = ids.shape[1]
+    comp = seqs[:, p:]
+    if comp.shape[1] == 0:
+        raise ValueError("generation produced no tokens: check max_new_tokens > 0")
+    mask, truncated = first_eos_mask(comp, eos_ids)
+    comp = torch.where(mask.bool(), comp, torch.full_like(comp, pad_id))
+    input_ids = torch.cat([ids, comp], 1)
+    attention_mask = torch.cat([am, mask.long()], 1)
+    loss_mask = mask * (~truncated).float()[:, None] if mask_truncated else mask
+    t = comp.shape[1]
+    logps, ents, refs = [], [], []
+    step = chunk_size or input_ids.shape[0]
+    for s in range(0, input_ids.shape[0], step):
+        r = completion_logprobs(
+            model, input_ids[s : s + step], attention_mask[s : s + step], t, with_entropy=True
+        )
+        logps.append(r["logp"])
+        ents.append(r["entropy"])
+        if ref_model_ctx is not None:
+            with ref_model_ctx():
+                refs.append(
+                    completion_logprobs(model, input_ids[s : s + step], attention_mask[s : s + step], t)[
+                        "logp"
+                    ]
+                )
+    old_logp = torch.cat(logps) * mask
+    entropy = torch.cat(ents)
+    texts = tokenizer.batch_decode(comp.masked_fill(~mask.bool(), pad_id), skip_special_tokens=True)
+    b = input_ids.shape[0]
+    batch = RolloutBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        completion_mask=loss_mask,
+        old_logp=old_logp,
+        group=torch.tensor(group_ids, dtype=torch.long, device=device).repeat_interleave(num_generations),
+        advantages=torch.zeros(b, device=device),
+        rewards=torch.zeros(b, device=device),
+        truncated=truncated,
+        ref_logp=(torch.cat(refs) * mask) if refs else None,
+        prompts=[x for x in prompts for _ in range(num_generations)],
+        completions=texts,
+        answers=[a for a in answers for _ in range(num_generations)],
+    )
+    n_tok = mask.sum()
+    stats = {
+        "entropy": float((entropy * mask).sum() / n_tok.clamp(min=1)),
+        "completion_length": float(mask.sum(1).mean()),
+        "truncated_frac": float(truncated.float().mean()),
+        "tokens_generated": float(n_tok),
+    }
+    if was_training:
+        model.train()
+    return batch, stats
+
+
+@torch.no_grad()
+def generate_texts(
+    model: Any,
+    tokenizer: Any,
+    prompts: list[str],
+    *,
+    n: int,
+    max_new_tokens: int,
+    do_sample: bool,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+) -> list[str]:
+    """``n`` completions (texts, through the first EOS) of each prompt, prompt-major; for evaluation."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    ids = enc["input_ids"].repeat_interleave(n, 0).to(device)
+    am = enc["attention_mask"].repeat_interleave(n, 0).to(device)
+    eos_ids = _eos_ids(model, tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+    kw: dict[str, Any] = {"max_new_tokens": max_new_tokens, "do_sample": do_sample, "eos_token_id": eos_ids}
+    kw.update(pad_token_id=pad_id, use_cache=True)
+    if do_sample:
+        kw.update(temperature=temperature, top_p=top_p, top_k=0)
+    else:
+        kw.update(temperature=None, top_p=None, top_k=None)
+    comp = model.generate(input_ids=ids, attention_mask=am, **kw)[:, ids.shape[1] :]
+    mask, _ = first_eos_mask(comp, eos_ids)
+    if was_training:
+        model.train()
+    return tokenizer.batch_decode(comp.masked_fill(~mask.bool(), pad_id), skip_special_tokens=True)

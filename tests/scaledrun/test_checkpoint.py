@@ -1,0 +1,96 @@
+"""Checkpoints: a killed-and-resumed run equals an uninterrupted one; what a checkpoint holds."""
+# ruff: noqa: NPY002  (the test checks the legacy global numpy RNG the checkpoint saves)
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+import scaledrun.train as tr
+from scaledrun.checkpoint import checkpoint_dir, latest_checkpoint, rng_state, set_rng_state
+from scaledrun.runlog import read_metrics
+
+from .test_train import make_cfg
+
+torch.set_num_threads(1)
+
+
+def _comparable(row):
+    return {k: v for k, v in row.items() if not k.startswith("time/")}
+
+
+def _same(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        if not (a[k] == b[k] or (a[k] != a[k] and b[k] != b[k])):  # equal, or both NaN
+            raise AssertionError(f"{k}: {a[k]} != {b[k]}")
+
+
+def test_resume_equals_uninterrupted(tiny_model, tmp_path):
+    full = tmp_path / "full"
+    cfg = make_cfg(tiny_model, full, steps=8, save_every=4, num_minibatches=2, lr=5e-3, warmup_ratio=0.25)
+    tr.train(cfg)
+    # the "killed" run: the same run stopped right after its step-4 checkpoint (later files removed)
+    killed = tmp_path / "killed"
+    shutil.copytree(full, killed)
+    shutil.rmtree(checkpoint_dir(killed, 8))
+    lines = (killed / "metrics.jsonl").read_text().splitlines()
+    (killed / "metrics.jsonl").write_text("\n".join(lines[:5]) + "\n")  # steps 1-4 and a torn step 5
+    assert latest_checkpoint(killed) == checkpoint_dir(killed, 4)
+    resumed = tr.train(
+        make_cfg(
+            tiny_model,
+            killed,
+            steps=8,
+            save_every=4,
+            num_minibatches=2,
+            lr=5e-3,
+            warmup_ratio=0.25,
+            resume=True,
+        )
+    )
+    assert len(resumed.rows) == 4  # steps 5..8 only
+    rows_full, rows_res = read_metrics(full), read_metrics(killed)
+    assert [r["step"] for r in rows_res] == list(range(1, 9))
+    for a, b in zip(rows_full, rows_res, strict=True):
+        _same(_comparable(a), _comparable(b))
+    wa = load_file(str(checkpoint_dir(full, 8) / "adapter_model.safetensors"))
+    wb = load_file(str(checkpoint_dir(killed, 8) / "adapter_model.safetensors"))
+    assert wa.keys() == wb.keys() and len(wa) > 0
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+    # the adapter did train: some B is non-zero
+    assert any(float(v.abs().max()) > 0 for k, v in wa.items() if "lora_B" in k)
+
+
+def test_checkpoint_contents(tiny_model, tmp_path):
+    out = tmp_path / "run"
+    tr.train(make_cfg(tiny_model, out, steps=2, save_every=1, reward_balanced_rho=0.5))
+    d = checkpoint_dir(out, 2)
+    for name in (
+        "adapter_model.safetensors",
+        "optimizer.pt",
+        "scheduler.pt",
+        "rng_state_0.pt",
+        "buffer_0.pt",
+    ):
+        assert (d / name).is_file(), name
+    assert json.loads((d / "trainer_state.json").read_text())["step"] == 2
+    opt = torch.load(d / "optimizer.pt", weights_only=False)
+    assert opt["param_groups"][0]["lr"] > 0
+    # an interrupted save (no trainer_state.json) is not a checkpoint
+    (d / "trainer_state.json").unlink()
+    assert latest_checkpoint(out) == checkpoint_dir(out, 1)
+
+
+def test_rng_state_round_trip():
+    random.seed(1), np.random.seed(1), torch.manual_seed(1)
+    state = rng_state()
+    a = (random.random(), float(np.random.rand()), float(torch.rand(())))
+    set_rng_state(state)
+    assert (random.random(), float(np.random.rand()), float(torch.rand(()))) == a
