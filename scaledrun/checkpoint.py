@@ -11,8 +11,14 @@ Layout of ``<output_dir>/checkpoints/step_000008/``::
                                                        without it is an interrupted save and is ignored)
 
 ``accelerator.save_state`` is not used because it always saves the full model weights (the base model
-too under LoRA); DeepSpeed ZeRO/FSDP shard the optimizer state, which this format does not handle
-(listed in ``scaledrun/train.py``'s departures).
+too under LoRA).
+
+Multi-process: under DDP every rank holds the same weights and optimizer state (the test
+``tests/scaledrun/test_multiprocess.py`` checks the ranks' adapters are identical and equal the saved
+one), so the main process writes them; each rank writes its own RNG state and buffer. Under DeepSpeed
+ZeRO / FSDP (not exercised by the CPU tests) the weights are gathered with
+``accelerator.get_state_dict`` by every rank and written by the main process; the sharded optimizer
+state is *not* saved (no ``optimizer.pt``), so a resumed sharded run restarts AdamW's moments.
 """
 
 from __future__ import annotations
@@ -81,9 +87,13 @@ def save_checkpoint(
     if accelerator.is_main_process:
         d.mkdir(parents=True, exist_ok=True)
     accelerator.wait_for_everyone()
+    sharded = is_sharded(accelerator)
+    # ZeRO/FSDP: every process takes part in gathering the full state dict
+    state_dict = accelerator.get_state_dict(model) if sharded else None
     if accelerator.is_main_process:
-        accelerator.unwrap_model(model).save_pretrained(d, safe_serialization=True)
-        torch.save(optimizer.state_dict(), d / "optimizer.pt")
+        accelerator.unwrap_model(model).save_pretrained(d, state_dict=state_dict, safe_serialization=True)
+        if not sharded:  # a sharded optimizer's state_dict() is this rank's shard only: not saved
+            torch.save(optimizer.state_dict(), d / "optimizer.pt")
         torch.save(scheduler.state_dict(), d / "scheduler.pt")
     rank = accelerator.process_index
     torch.save(rng_state(), d / f"rng_state_{rank}.pt")
@@ -94,6 +104,13 @@ def save_checkpoint(
         (d / STATE_FILE).write_text(json.dumps(state, indent=1))
     accelerator.wait_for_everyone()
     return d
+
+
+def is_sharded(accelerator: Any) -> bool:
+    """Whether parameters or optimizer state are sharded over processes (DeepSpeed ZeRO, FSDP)."""
+    from accelerate.utils import DistributedType
+
+    return accelerator.distributed_type in (DistributedType.DEEPSPEED, DistributedType.FSDP)
 
 
 def _load_weights(model: Any, d: Path) -> None:
@@ -130,7 +147,10 @@ def load_checkpoint(
             f"{accelerator.num_processes}: resume with the same number of processes (the buffers are per rank)"
         )
     _load_weights(accelerator.unwrap_model(model), d)
-    optimizer.load_state_dict(torch.load(d / "optimizer.pt", map_location="cpu", weights_only=False))
+    if (d / "optimizer.pt").is_file():
+        optimizer.load_state_dict(torch.load(d / "optimizer.pt", map_location="cpu", weights_only=False))
+    else:  # saved under DeepSpeed ZeRO / FSDP: AdamW's moments restart
+        accelerator.print(f"checkpoint {d}: no optimizer.pt (sharded run); the optimizer state restarts")
     scheduler.load_state_dict(torch.load(d / "scheduler.pt", map_location="cpu", weights_only=False))
     rank = accelerator.process_index
     set_rng_state(torch.load(d / f"rng_state_{rank}.pt", weights_only=False))

@@ -4,24 +4,54 @@ Every loss is one ``cancellation.compute_loss`` call; this file only moves tenso
 to bottom: config, model, data, then the loop (rollout -> rewards -> advantages -> update -> diagnostics
 -> log -> eval -> checkpoint).
 
-How to run
-----------
+Launching
+---------
+The same module runs in one process (``python -m scaledrun.train``) or under ``accelerate launch``;
+``--config`` takes a YAML of ``RunConfig`` fields and any ``--field value`` overrides it.
+
 CPU smoke test (the tiny Qwen3, a few minutes)::
 
     python -m scaledrun.tiny --out artifacts/tiny-qwen3
     python -m scaledrun.train --config scaledrun/configs/default.yaml --steps 20
+
+Two CPU processes (gloo; what ``tests/scaledrun/test_multiprocess.py`` runs; on a machine without a
+GPU the trainer passes ``cpu=True`` to Accelerate so a ``--multi_gpu`` launch uses gloo)::
+
+    accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no \\
+        --dynamo_backend no -m scaledrun.train --config scaledrun/configs/default.yaml --steps 20
 
 One GPU::
 
     python -m scaledrun.train --config scaledrun/configs/default.yaml --preset qwen3-0.6b --task template
     # or: accelerate launch --num_processes 1 -m scaledrun.train --config ...
 
-N GPUs (DDP; each process generates whole groups for its own ``prompts_per_step`` prompts)::
+N GPUs on one machine, with the shipped Accelerate configs (``--num_processes`` overrides the file's 2;
+each process generates whole groups for its own ``prompts_per_step`` prompts, so a step sees
+N × ``prompts_per_step`` prompts)::
 
-    accelerate launch --multi_gpu --num_processes N -m scaledrun.train --config ... [--field value ...]
+    # DDP (tested on 2 CPU processes)
+    accelerate launch --config_file scaledrun/accelerate/ddp.yaml --num_processes N -m scaledrun.train --config ...
+    # DeepSpeed ZeRO-2 / ZeRO-3 (pip install deepspeed; not run by this project's tests)
+    accelerate launch --config_file scaledrun/accelerate/zero2.yaml --num_processes N -m scaledrun.train --config ...
+    accelerate launch --config_file scaledrun/accelerate/zero3.yaml --num_processes N -m scaledrun.train --config ...
+    # FSDP (not run by this project's tests)
+    accelerate launch --config_file scaledrun/accelerate/fsdp.yaml --num_processes N -m scaledrun.train --config ...
 
 Resume a killed run: the same command with ``--resume true`` (continues from the latest checkpoint in
-``output_dir``; the same number of processes).
+``output_dir``; the same number of processes; under ZeRO/FSDP the optimizer state is not checkpointed).
+
+Options outside the config: ``--import module`` (repeatable) imports a module first, e.g. one that
+registers a reward with ``@scaledrun.rewards.register_reward``.
+
+Debug hooks
+-----------
+``--debug_dir DIR`` (``train(debug_dir=...)``): each process writes ``DIR/rank<k>/step_<s>_rollouts.pt``
+(the step's ``RolloutBatch`` on CPU, after rewards and advantages), ``step_<s>_grads.pt`` (trainable
+gradients of the step's first optimizer step, after the cross-process reduction, before clipping) and
+``step_<s>_trainable.pt`` (trainable weights after the step). ``--replay_dir DIR``: a step with a file
+``DIR/step_<s>_rollouts.pt`` trains on that batch (its completions, old log-probs and rewards;
+advantages are recomputed) instead of sampling. The two-process test dumps both ranks, concatenates
+their step batches and replays them in one process: the gradients and weights must agree.
 
 Loss normalisation across processes
 -----------------------------------
@@ -57,7 +87,8 @@ Where this departs from the papers
 - Token-flip stats (002 App. C) compare the last mini-batch's log-probs before and after its update.
 - Multi-process: objective metrics (clip fractions, ratios, ...) are averaged over processes; rewards
   are gathered exactly. KL to the reference needs LoRA (the reference is the base model with the
-  adapter disabled); DeepSpeed ZeRO / FSDP checkpoints are not supported by ``checkpoint.py``.
+  adapter disabled). Under DeepSpeed ZeRO / FSDP checkpoints hold the gathered weights but not the
+  sharded optimizer state (``checkpoint.py``); those two launch modes are shipped untested (no GPU here).
 """
 
 from __future__ import annotations
@@ -333,8 +364,13 @@ def update(
     batch: RolloutBatch,
     loss_adv: Tensor,
     generator: torch.Generator,
+    first_grads: dict[str, Tensor] | None = None,
 ) -> UpdateResult:
-    """Lopti stages × ``inner_epochs`` × mini-batches, one optimizer step per mini-batch."""
+    """Lopti stages × ``inner_epochs`` × mini-batches, one optimizer step per mini-batch.
+
+    ``first_grads`` (debug): when given, filled with the trainable parameters' gradients of the first
+    optimizer step (after the cross-process reduction, before clipping), keyed by parameter name.
+    """
     res = UpdateResult(metrics={})
     world = accelerator.num_processes
     if cfg.lopti_eta is not None:
@@ -393,6 +429,10 @@ def update(
                             coef_mb.double(), extras["probs"], batch.completion_ids[idx], sub_mask,
                             hidden_norm=extras["hidden_norm"], num_buckets=NUM_ENERGY_BUCKETS,
                         ).tolist()  # fmt: skip
+                if first_grads is not None and res.opt_steps == 0:
+                    for name, p in unwrapped.named_parameters():
+                        if p.requires_grad and p.grad is not None:
+                            first_grads[name] = p.grad.detach().cpu().clone()
                 max_norm = cfg.grad_clip if cfg.grad_clip is not None else float("inf")
                 res.grad_norm = float(accelerator.clip_grad_norm_(params, max_norm))
                 optimizer.step()
@@ -400,7 +440,7 @@ def update(
                 res.opt_steps += 1
                 last_idx, logp_before, last_mask = idx, logp.detach(), stage_mask[idx]
     if res.opt_steps:
-        with torch.no_grad():
+        with torch.no_grad(), full_params(accelerator, model):
             was = unwrapped.training
             unwrapped.eval()
             sub = batch.select(last_idx)
@@ -468,11 +508,21 @@ class TrainResult:
     tokenizer: Any
 
 
-def train(cfg: RunConfig) -> TrainResult:
-    """Run ``cfg`` (see the module docstring)."""
+def train(
+    cfg: RunConfig, *, debug_dir: str | Path | None = None, replay_dir: str | Path | None = None
+) -> TrainResult:
+    """Run ``cfg`` (see the module docstring).
+
+    Debug hooks (the two-process test uses them; see "Debug hooks" in the module docstring):
+        debug_dir: each process writes ``<debug_dir>/rank<k>/step_<s>_{rollouts,grads,trainable}.pt``.
+        replay_dir: a step ``s`` with a file ``<replay_dir>/step_<s>_rollouts.pt`` (a ``RolloutBatch``
+            saved by ``debug_dir``, or several concatenated) trains on it instead of generating.
+    """
     from accelerate import Accelerator
 
-    accelerator = Accelerator()
+    # a ``--multi_gpu`` launch on a machine without GPUs runs on CPU processes (gloo): Accelerate only
+    # picks MULTI_CPU when told ``cpu=True`` (``ACCELERATE_USE_CPU``), so say it when there is no GPU
+    accelerator = Accelerator(cpu=not _has_accelerator())
     seed_all(cfg.seed)
     rank, world = accelerator.process_index, accelerator.num_processes
     out_dir = Path(cfg.output_dir)
@@ -480,6 +530,7 @@ def train(cfg: RunConfig) -> TrainResult:
     # ---- model, optimizer, data
     model, tokenizer = load_model_and_tokenizer(cfg)
     optimizer, scheduler = build_optimizer(cfg, model)
+    _deepspeed_micro_batch(accelerator)
     # the scheduler is not prepared: an accelerate-prepared scheduler steps once per process
     model, optimizer = accelerator.prepare(model, optimizer)
     train_tasks = load_tasks(cfg, "train", cfg.num_train)
@@ -511,20 +562,35 @@ def train(cfg: RunConfig) -> TrainResult:
         generator = torch.Generator().manual_seed(seed + 1)
 
         # ---- rollouts: G completions for each of this process's prompts
-        mine = step_prompts(train_tasks, step, cfg.prompts_per_step, rank, world, cfg.seed)
-        batch, roll = generate_rollouts(
-            unwrapped, tokenizer, [formatted[id(t)] for _, t in mine], [t.answer for _, t in mine],
-            [k for k, _ in mine], num_generations=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
-            temperature=cfg.temperature, top_p=cfg.top_p, mask_truncated=cfg.mask_truncated, ref_model_ctx=ref_ctx,
-        )  # fmt: skip
+        replay = None if replay_dir is None else Path(replay_dir) / f"step_{step:06d}_rollouts.pt"
+        if replay is not None and replay.is_file():
+            # debug: train on saved rollouts (their texts and rewards) instead of sampling
+            batch = torch.load(replay, map_location=accelerator.device, weights_only=False)
+            roll = _replay_stats(batch)
+        else:
+            mine = step_prompts(train_tasks, step, cfg.prompts_per_step, rank, world, cfg.seed)
+            with full_params(accelerator, model):
+                batch, roll = generate_rollouts(
+                    unwrapped, tokenizer, [formatted[id(t)] for _, t in mine], [t.answer for _, t in mine],
+                    [k for k, _ in mine], num_generations=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
+                    temperature=cfg.temperature, top_p=cfg.top_p, mask_truncated=cfg.mask_truncated,
+                    ref_model_ctx=ref_ctx,
+                )  # fmt: skip
         t_gen = time.perf_counter() - t0
 
         # ---- rewards and group-relative advantages (DFPO eq. 43)
-        rewards, failures = compute_rewards(
-            cfg.reward, batch.prompts, batch.completions, batch.answers, cfg.failure_reward
-        )
-        batch.rewards = torch.tensor(rewards, dtype=torch.float32, device=batch.group.device)
+        if replay is not None and replay.is_file():
+            failures = 0
+        else:
+            rewards, failures = compute_rewards(
+                cfg.reward, batch.prompts, batch.completions, batch.answers, cfg.failure_reward
+            )
+            batch.rewards = torch.tensor(rewards, dtype=torch.float32, device=batch.group.device)
         batch.advantages = group_advantages(batch.rewards, batch.group, scale=cfg.adv_scale).float()
+        dump = None if debug_dir is None else Path(debug_dir) / f"rank{rank}"
+        if dump is not None:
+            dump.mkdir(parents=True, exist_ok=True)
+            torch.save(batch.to("cpu"), dump / f"step_{step:06d}_rollouts.pt")
 
         # ---- reward-balanced batching (002 Sec. 4): update only on a buffer selection meeting ρ
         update_batch: RolloutBatch | None = batch
@@ -545,16 +611,25 @@ def train(cfg: RunConfig) -> TrainResult:
 
         # ---- update
         t1 = time.perf_counter()
+        grads: dict[str, Tensor] | None = {} if dump is not None else None
         if update_batch is not None:
             adv = update_batch.advantages
             if cfg.ar_alpha is not None:
                 # Advantage Reweighting (004 notes): per-token A·[α·π_old + (1 − α)]
                 adv = reweight_advantages(adv, update_batch.old_logp, cfg.ar_alpha)
-            res = update(cfg, accelerator, model, optimizer, update_batch, adv, generator)
+            # the debug keyword only when dumping (tests may replace ``update`` with a 7-argument spy)
+            debug_kw = {} if grads is None else {"first_grads": grads}
+            res = update(cfg, accelerator, model, optimizer, update_batch, adv, generator, **debug_kw)
         else:
             res = UpdateResult(metrics={})
         scheduler.step()
         t_upd = time.perf_counter() - t1
+        if dump is not None:
+            torch.save(grads, dump / f"step_{step:06d}_grads.pt")
+            trainable = {
+                n: p.detach().cpu().clone() for n, p in unwrapped.named_parameters() if p.requires_grad
+            }
+            torch.save(trainable, dump / f"step_{step:06d}_trainable.pt")
 
         # ---- diagnostics (same keys as the toy where they exist)
         all_rewards = accelerator.gather(batch.rewards)
@@ -596,7 +671,8 @@ def train(cfg: RunConfig) -> TrainResult:
         # ---- eval, log, checkpoint
         if eval_tasks and (step % cfg.eval_every == 0 or step == cfg.steps):
             torch.manual_seed(seed + 2)
-            row.update(evaluate(cfg, accelerator, model, tokenizer, eval_tasks))
+            with full_params(accelerator, model):
+                row.update(evaluate(cfg, accelerator, model, tokenizer, eval_tasks))
         logger.log(step, row)
         rows.append(row)
         if (cfg.save_every > 0 and step % cfg.save_every == 0) or step == cfg.steps:
@@ -604,6 +680,58 @@ def train(cfg: RunConfig) -> TrainResult:
     logger.close()
     accelerator.wait_for_everyone()
     return TrainResult(rows=rows, model=accelerator.unwrap_model(model), tokenizer=tokenizer)
+
+
+def full_params(accelerator: Any, model: Any) -> Any:
+    """A context in which the unwrapped model holds its full parameters (generation, no-grad passes).
+
+    DDP and one process: nothing to do. DeepSpeed ZeRO-3 and FSDP shard the parameters: gather them
+    (each GPU then holds the whole model for the duration). The ZeRO-3/FSDP branches are not exercised
+    by this project's CPU tests (see ``scaledrun/accelerate/*.yaml``).
+    """
+    from contextlib import nullcontext
+
+    from accelerate.utils import DistributedType
+
+    kind = accelerator.distributed_type
+    if kind == DistributedType.DEEPSPEED and accelerator.state.deepspeed_plugin.zero_stage == 3:
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None)
+    if kind == DistributedType.FSDP:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        return FullyShardedDataParallel.summon_full_params(model, writeback=False, recurse=True)
+    return nullcontext()
+
+
+def _deepspeed_micro_batch(accelerator: Any) -> None:
+    """DeepSpeed wants ``train_micro_batch_size_per_gpu``; no dataloader is prepared to infer it."""
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is not None and plugin.is_auto("train_micro_batch_size_per_gpu"):
+        plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = 1
+
+
+def _has_accelerator() -> bool:
+    """Whether a GPU-like device (CUDA/ROCm, XPU, MPS) is visible to this process."""
+    if torch.cuda.is_available():
+        return True
+    xpu = getattr(torch, "xpu", None)
+    if xpu is not None and xpu.is_available():
+        return True
+    mps = getattr(torch.backends, "mps", None)
+    return bool(mps is not None and mps.is_available())
+
+
+def _replay_stats(batch: RolloutBatch) -> dict[str, float]:
+    """The rollout diagnostics of a replayed batch (no sampler: ``entropy`` is NaN)."""
+    lengths = batch.attention_mask[:, batch.prompt_len :].float().sum(1)
+    return {
+        "entropy": math.nan,
+        "completion_length": float(lengths.mean()),
+        "truncated_frac": float(batch.truncated.float().mean()),
+        "tokens_generated": float(lengths.sum()),
+    }
 
 
 def _cap_buffer(buffer: RolloutBatch | None, max_groups: int) -> RolloutBatch | None:
@@ -625,20 +753,40 @@ def _mean_over_processes(accelerator: Any, values: dict[str, float]) -> dict[str
     return dict(zip(keys, accelerator.reduce(t, "mean").tolist(), strict=True))
 
 
-def main(argv: list[str] | None = None) -> TrainResult:
-    """``--config path.yaml`` then any ``--field value`` overrides of ``RunConfig``."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    path = None
-    if "--config" in argv:
-        i = argv.index("--config")
+def _pop_option(argv: list[str], name: str) -> list[str]:
+    """Remove every ``name value`` pair from ``argv``; return the values."""
+    values = []
+    while name in argv:
+        i = argv.index(name)
         if i + 1 >= len(argv):
-            raise ValueError("command line: --config needs a YAML path")
-        path = argv[i + 1]
+            raise ValueError(f"command line: {name} needs a value")
+        values.append(argv[i + 1])
         del argv[i : i + 2]
-        if not Path(path).is_file():
-            raise FileNotFoundError(f"config file {path} does not exist")
+    return values
+
+
+def main(argv: list[str] | None = None) -> TrainResult:
+    """``--config path.yaml`` then any ``--field value`` overrides of ``RunConfig``.
+
+    Options outside the config: ``--import module`` (repeatable; imported first, e.g. a module that
+    registers reward functions with ``@register_reward``), and the debug hooks ``--debug_dir DIR``,
+    ``--replay_dir DIR`` (``train``'s keyword arguments).
+    """
+    import importlib
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    for module in _pop_option(argv, "--import"):
+        importlib.import_module(module)
+    debug = _pop_option(argv, "--debug_dir")
+    replay = _pop_option(argv, "--replay_dir")
+    paths = _pop_option(argv, "--config")
+    if len(paths) > 1:
+        raise ValueError("command line: give --config once")
+    path = paths[0] if paths else None
+    if path is not None and not Path(path).is_file():
+        raise FileNotFoundError(f"config file {path} does not exist")
     cfg = load_config(path, argv)
-    return train(cfg)
+    return train(cfg, debug_dir=debug[-1] if debug else None, replay_dir=replay[-1] if replay else None)
 
 
 if __name__ == "__main__":

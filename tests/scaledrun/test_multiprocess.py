@@ -1,0 +1,201 @@
+"""Two CPU processes (``accelerate launch --multi_gpu``, gloo) against one process on the same data.
+
+The two-process run dumps, per rank, each step's rollouts (after rewards and advantages), the
+gradients of its first optimizer step (after DDP's all-reduce, before clipping) and the trainable
+weights after the step (``train``'s ``debug_dir`` hook: ``<dir>/rank<k>/step_<s>_*.pt``). Then:
+
+(a) both ranks hold identical adapters after every step, and the final checkpoint holds them too;
+(b) one process replaying the union of the two ranks' rollouts (``replay_dir`` hook: the same
+    completions, old log-probs and rewards; each rank's groups are whole, so the union is a set of whole
+    groups) computes the same first gradient and the same weights after each step, to 1e-5 relative.
+    This is what the global token count (loss × world size) buys: with per-process token means the
+    two-process gradient would be the mean of the two ranks' token means, not the union's token mean;
+    the test computes both from one-process runs on each rank's rows alone, checks the gradient equals
+    the token-count-weighted one and, when the ranks' token counts differ, not the plain mean.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+from transformers import AutoTokenizer
+
+import scaledrun.train as tr
+from scaledrun.config import load_config
+from scaledrun.rollout import concat_batches
+
+from .conftest import LENGTH_REWARD
+
+REPO = Path(__file__).resolve().parents[2]
+RTOL = 1e-5
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """‖a − b‖ / ‖b‖ (float64)."""
+    a, b = a.double().flatten(), b.double().flatten()
+    return float((a - b).norm() / b.norm().clamp(min=1e-300))
+
+
+def _flat(d: dict[str, torch.Tensor]) -> torch.Tensor:
+    return torch.cat([d[k].double().flatten() for k in sorted(d)])
+
+
+def _load(path: Path):
+    return torch.load(path, weights_only=False)
+
+
+@pytest.mark.slow
+def test_two_processes_match_one(tiny_model, tmp_path):
+    cfg_file = tmp_path / "cfg.yaml"
+    cfg_file.write_text(
+        yaml.safe_dump(
+            {
+                "model": str(tiny_model),
+                "steps": 2,
+                "group_size": 4,
+                "prompts_per_step": 2,
+                "max_new_tokens": 8,
+                "eval_every": 0,
+                "save_every": 0,
+                "warmup_ratio": 0.0,
+                "num_train": 50,
+                "num_eval": 0,
+                "reward": LENGTH_REWARD,
+                "lr": 1e-2,
+                "objective": "grpo",
+                "aggregation": "token-mean",
+            }
+        )
+    )
+    out2, dbg2 = tmp_path / "run2", tmp_path / "debug2"
+    cmd = [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+        "--main_process_port", str(_free_port()), "-m", "scaledrun.train",
+        "--import", "tests.scaledrun.conftest",  # registers the test reward in the launched processes
+        "--config", str(cfg_file), "--output_dir", str(out2), "--debug_dir", str(dbg2),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+
+    r0, r1 = dbg2 / "rank0", dbg2 / "rank1"
+    for step in (1, 2):
+        b0, b1 = _load(r0 / f"step_{step:06d}_rollouts.pt"), _load(r1 / f"step_{step:06d}_rollouts.pt")
+        # each process generated whole groups of its own prompts: no group id on both ranks
+        assert not set(b0.group.tolist()) & set(b1.group.tolist())
+        assert len(set(b0.group.tolist())) == 2 and len(b0) == 8
+        # (a) identical adapters on both ranks after each step (DDP: same averaged gradient, same AdamW)
+        w0 = _load(r0 / f"step_{step:06d}_trainable.pt")
+        w1 = _load(r1 / f"step_{step:06d}_trainable.pt")
+        assert w0.keys() == w1.keys() and w0
+        for k in w0:
+            assert torch.equal(w0[k], w1[k]), f"step {step}: {k} differs between ranks"
+    # the final checkpoint (written by the main process) holds the ranks' adapter
+    ckpt = load_file(str(out2 / "checkpoints" / "step_000002" / "adapter_model.safetensors"))
+    w_final = _load(r0 / "step_000002_trainable.pt")
+    assert len(ckpt) == len(w_final)
+    for k, v in w_final.items():
+        assert torch.equal(ckpt[k.replace(".default", "")], v)
+
+    # (b) one process on the union of the two ranks' rollouts of each step
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    replay = tmp_path / "replay"
+    replay.mkdir()
+    for step in (1, 2):
+        parts = [_load(r / f"step_{step:06d}_rollouts.pt") for r in (r0, r1)]
+        torch.save(concat_batches(parts, tok.pad_token_id), replay / f"step_{step:06d}_rollouts.pt")
+    dbg1 = tmp_path / "debug1"
+    cfg1 = load_config(str(cfg_file), ["--output_dir", str(tmp_path / "run1")])
+    tr.train(cfg1, debug_dir=dbg1, replay_dir=replay)
+    s0 = dbg1 / "rank0"
+
+    # the union batch is what the single process trained on (same rows as the two ranks together)
+    union = _load(s0 / "step_000001_rollouts.pt")
+    both = [_load(r / "step_000001_rollouts.pt") for r in (r0, r1)]
+    assert union.group.tolist() == both[0].group.tolist() + both[1].group.tolist()
+
+    g2, g1 = _load(r0 / "step_000001_grads.pt"), _load(s0 / "step_000001_grads.pt")
+    assert g2.keys() == g1.keys()
+    assert float(_flat(g1).abs().max()) > 0, "the first update has a zero gradient: nothing is compared"
+    assert _rel(_flat(g2), _flat(g1)) < RTOL
+
+    # an independent closed form: one process on each rank's rows alone gives that rank's token mean
+    # ∇(S_p / N_p); the union's token mean is Σ_p N_p ∇(S_p / N_p) / Σ_p N_p
+    local = []
+    for k, part in enumerate(both):
+        d = tmp_path / f"replay_rank{k}"
+        d.mkdir()
+        torch.save(part, d / "step_000001_rollouts.pt")
+        cfg_k = load_config(str(cfg_file), ["--output_dir", str(tmp_path / f"run_r{k}"), "--steps", "1"])
+        tr.train(cfg_k, debug_dir=tmp_path / f"debug_r{k}", replay_dir=d)
+        local.append(_flat(_load(tmp_path / f"debug_r{k}" / "rank0" / "step_000001_grads.pt")))
+    n = [float(b.completion_mask.sum()) for b in both]
+    expected = (n[0] * local[0] + n[1] * local[1]) / (n[0] + n[1])
+    assert _rel(_flat(g2), expected) < RTOL
+    if n[0] != n[1]:
+        # without the global count, DDP would average the two token means: visibly different
+        assert _rel((local[0] + local[1]) / 2, expected) > 100 * RTOL
+
+    for step in (1, 2):
+        w2 = _load(r0 / f"step_{step:06d}_trainable.pt")
+        w1 = _load(s0 / f"step_{step:06d}_trainable.pt")
+        assert w2.keys() == w1.keys()
+        assert _rel(_flat(w2), _flat(w1)) < RTOL, f"step {step}: weights differ from one process"
+
+
+CONFIGS = {"ddp": "MULTI_GPU", "zero2": "DEEPSPEED", "zero3": "DEEPSPEED", "fsdp": "FSDP"}
+
+
+def test_accelerate_config_files_parse():
+    """Each shipped file loads with Accelerate's own config loader, with the intended distributed type."""
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    for name, kind in CONFIGS.items():
+        path = REPO / "scaledrun" / "accelerate" / f"{name}.yaml"
+        cfg = load_config_from_file(str(path))
+        assert str(cfg.distributed_type).endswith(kind), (name, cfg.distributed_type)
+        assert cfg.num_machines == 1 and cfg.mixed_precision == "no"
+        # the DeepSpeed/FSDP files say in their header that they are not run here
+        assert name == "ddp" or "NOT RUN HERE" in path.read_text()
+    assert (
+        load_config_from_file(str(REPO / "scaledrun/accelerate/zero3.yaml")).deepspeed_config["zero_stage"]
+        == 3
+    )
+    assert load_config_from_file(str(REPO / "scaledrun/accelerate/fsdp.yaml")).fsdp_config[
+        "fsdp_use_orig_params"
+    ]
+
+
+@pytest.mark.slow
+def test_ddp_config_file_launches(tiny_model, tmp_path):
+    """``accelerate launch --config_file scaledrun/accelerate/ddp.yaml`` runs two processes (gloo here)."""
+    dbg = tmp_path / "debug"
+    cmd = [
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file", "scaledrun/accelerate/ddp.yaml",
+        "--num_processes", "2", "--main_process_port", str(_free_port()), "-m", "scaledrun.train",
+        "--model", str(tiny_model), "--output_dir", str(tmp_path / "run"), "--steps", "1", "--group_size", "2",
+        "--prompts_per_step", "1", "--max_new_tokens", "4", "--eval_every", "0", "--num_eval", "0",
+        "--num_train", "8", "--debug_dir", str(dbg),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    w = [_load(dbg / f"rank{k}" / "step_000001_trainable.pt") for k in (0, 1)]
+    assert w[0].keys() == w[1].keys() and all(torch.equal(w[0][k], w[1][k]) for k in w[0])
+    groups = [set(_load(dbg / f"rank{k}" / "step_000001_rollouts.pt").group.tolist()) for k in (0, 1)]
+    assert len(groups[0]) == len(groups[1]) == 1 and not groups[0] & groups[1]
