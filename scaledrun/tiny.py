@@ -1,6 +1,6 @@
 """A tiny Qwen3-architecture model and tokenizer, built and saved locally (nothing downloads).
 
-    python -m scaledrun.tiny --out artifacts/tiny-qwen3                      # 2-digit addition, warm start
+    python -m scaledrun.tiny --out artifacts/tiny-qwen3                      # 2-digit addition, warm start (300 steps)
     python -m scaledrun.tiny --out /tmp/tiny --task template --warm-start-steps 0
 
 The tokenizer is a byte-level BPE trained with ``tokenizers`` on the task's text (digits split one
@@ -40,6 +40,10 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+#: Supervised warm-start steps of ``python -m scaledrun.tiny`` (the default run's model): 300 steps give
+#: ~79% greedy accuracy on held-out 2-digit additions and ~27% sampled (temperature 1) success, so RL
+#: starts with both successes and failures in most groups and has room to rise.
+DEFAULT_WARM_START_STEPS = 300
 #: The model's shape (Qwen3Config fields).
 MODEL_SHAPE = {
     "hidden_size": 64,
@@ -235,8 +239,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--warm-start-steps",
         type=int,
-        default=200,
-        help="supervised steps (0: none; 200 gives ~6%% greedy accuracy on 2-digit addition, 300 ~79%%)",
+        default=DEFAULT_WARM_START_STEPS,
+        help="supervised steps (0: none; 200 gives ~6%% greedy accuracy on 2-digit addition, 250 ~12%%, "
+        "300 (default) ~79%%)",
     )
     ap.add_argument("--digits", type=int, default=2)
     ap.add_argument("--ops", default="+")

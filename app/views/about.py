@@ -149,6 +149,7 @@ on these pages is computed by those two packages.
 | Group transforms | What do DFPO's transforms do to a group's weights, and do they reach Σ Â s̃ = 0 (App. B)? |
 | Training lab | How do the objectives compare in training: reward, entropy, learning tax, residuals? |
 | Low-probability tokens | Why do low-probability tokens dominate the gradient, and what does Advantage Reweighting change? |
+| Runs | Did the language-model runs of `scaledrun` learn, and did their shared-token gradients cancel? |
 """
 )
 

@@ -4,7 +4,9 @@ For each page: open its URL, wait until it has drawn (its plotly figure; see ``P
 exceptions) and its script run has ended, check that no exception box is shown, then move one sidebar
 input by keyboard (focus a slider, ArrowRight; the transforms page has no slider: a number input,
 ArrowUp) and wait until a displayed number (``st.metric`` values) or a figure's data changes. About has
-no input. A screenshot of each page goes to ``artifacts/screenshots/<page>.png``.
+no input. The Runs page reads a real tiny run made in the test set-up (``runs_folder``: 12 steps of the
+untrained tiny model), passed to the server as ``$CANCELLATION_RUNS_DIR``; its moving-mean window slider
+changes the curves. A screenshot of each page goes to ``artifacts/screenshots/<page>.png``.
 
 The browser is the system's Chromium (``apt-get install chromium``; ``make setup`` installs it when it
 can), never a playwright browser download. The test skips, with the reason, only when no Chromium is
@@ -13,6 +15,7 @@ found or playwright cannot launch it.
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -56,8 +59,12 @@ PAGES = [
     ("transforms", "transforms", METRIC, ("eps_high", "number")),
     ("training_lab", "training_lab", FIGURE, ("seeds", "slider")),
     ("low_prob", "low_prob", FIGURE, ("alpha", "slider")),
+    ("runs", "runs", FIGURE, ("window", "slider")),
     ("about", "about", TITLE, None),
 ]
+#: the Runs page reads its default folder from this environment variable (app/views/runs.py); the server
+#: gets the folder of ``runs_folder`` (a real 12-step tiny run, so the moving-mean window changes curves)
+RUNS_DIR_ENV = "CANCELLATION_RUNS_DIR"
 SERVER_START_S = 120  # the first page run imports torch
 PAGE_DRAW_MS = 180_000
 RERUN_MS = 120_000
@@ -113,7 +120,29 @@ def browser() -> Iterator[object]:
 
 
 @pytest.fixture(scope="module")
-def server(browser, tmp_path_factory) -> Iterator[str]:
+def runs_folder(tmp_path_factory) -> Path:
+    """A folder with one real run for the Runs page: the tiny model (no warm start), 12 steps of grpo.
+
+    When ``$CANCELLATION_RUNS_DIR`` is set, that folder is used instead (e.g. to screenshot a real run).
+    """
+    if os.environ.get(RUNS_DIR_ENV):
+        return Path(os.environ[RUNS_DIR_ENV])
+    from scaledrun.config import RunConfig
+    from scaledrun.tiny import build_tiny
+    from scaledrun.train import train
+
+    root = tmp_path_factory.mktemp("browser_runs")
+    model = build_tiny(root / "model", "arithmetic", seed=0, warm_start_steps=0)
+    cfg = RunConfig(
+        model=str(model), group_size=4, prompts_per_step=2, max_new_tokens=6, mask_truncated=False,
+        steps=12, eval_every=0, save_every=0, num_train=32, num_eval=0, output_dir=str(root / "runs" / "tiny"),
+    )  # fmt: skip
+    train(cfg)
+    return root / "runs"
+
+
+@pytest.fixture(scope="module")
+def server(browser, runs_folder, tmp_path_factory) -> Iterator[str]:
     """``streamlit run app/main.py`` on a free port; yields its base URL; killed at teardown."""
     port = _free_port()
     log_path = tmp_path_factory.mktemp("streamlit") / "server.log"
@@ -126,7 +155,10 @@ def server(browser, tmp_path_factory) -> Iterator[str]:
         "--server.fileWatcherType", "none",
     ]  # fmt: skip
     with log_path.open("w") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        env = {**os.environ, RUNS_DIR_ENV: str(runs_folder)}
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
+        )
     base = f"http://localhost:{port}"
     try:
         deadline = time.monotonic() + SERVER_START_S

@@ -1,0 +1,156 @@
+"""Runs page: real ``scaledrun.train`` runs on the tiny model as fixtures; the displayed final reward and
+table values equal the ones in each run's metrics.jsonl; a missing folder, an empty folder and a
+malformed metrics file show messages, not tracebacks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import zlib
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from cancellation.diagnostics import jitter2
+from scaledrun.config import RunConfig
+from scaledrun.rewards import REWARDS, register_reward
+from scaledrun.runlog import read_metrics
+from scaledrun.tiny import build_tiny
+from scaledrun.train import train
+
+PAGE = Path(__file__).resolve().parents[2] / "app/views/runs.py"
+#: the row keys the page draws as curves (those with a finite value in some picked run)
+RUN_CURVES = (
+    "reward/mean", "eval/greedy_accuracy", "shared_residual", "group_shared_residual", "asym",
+    "clip/low_frac", "clip/high_frac", "entropy", "kl", "completion_length",
+)  # fmt: skip
+#: two tiny runs: (folder name, objective params)
+RUNS = {"grpo_run": {"objective": "grpo"}, "dfpo_run": {"objective": "dfpo", "transform": "orth_proj"}}
+#: a reward that varies between completions (the untrained tiny model never gets an answer right, and a
+#: constant reward would make every displayed number 0)
+HASH_REWARD = "test_runs_page_hash"
+
+if HASH_REWARD not in REWARDS:
+
+    @register_reward(HASH_REWARD)
+    def _hash_reward(prompts, completions, answers):
+        """crc32(completion) % 101 / 100."""
+        return [(zlib.crc32(c.encode()) % 101) / 100.0 for c in completions]
+
+
+@pytest.fixture(scope="module")
+def runs_dir(tmp_path_factory) -> Path:
+    """A folder with two 3-step runs of the tiny model (no warm start: seconds on CPU)."""
+    root = tmp_path_factory.mktemp("runs_page")
+    model = build_tiny(root / "model", "arithmetic", seed=0, warm_start_steps=0)
+    runs = root / "runs"
+    for name, params in RUNS.items():
+        cfg = RunConfig(
+            model=str(model), group_size=4, prompts_per_step=2, max_new_tokens=6, mask_truncated=False, steps=3,
+            eval_every=0, save_every=0, num_train=16, num_eval=0, reward=HASH_REWARD, output_dir=str(runs / name), **params,
+        )  # fmt: skip
+        train(cfg)
+    return runs
+
+
+def _page(folder: Path | str, **state) -> AppTest:
+    at = AppTest.from_file(str(PAGE), default_timeout=120)
+    at.session_state["runs_dir"] = str(folder)
+    for k, v in state.items():
+        at.session_state[k] = v
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def _metric(at: AppTest, label: str) -> str:
+    found = [m for m in at.metric if m.label == label]
+    assert len(found) == 1, [m.label for m in at.metric]
+    return found[0].value
+
+
+def test_final_reward_and_table_match_metrics_file(runs_dir):
+    at = _page(runs_dir)
+    assert sorted(at.sidebar.multiselect(key="runs").value) == sorted(RUNS)
+    table = at.dataframe[0].value
+    for name, params in RUNS.items():
+        # the values as the trainer wrote them, read back by plain json (not the page's reader)
+        lines = [json.loads(x) for x in (runs_dir / name / "metrics.jsonl").read_text().splitlines()]
+        final = lines[-1]["reward/mean"]
+        label = f"{name} · {params['objective']}" + (
+            f" {params['transform']}" if "transform" in params else ""
+        )
+        assert _metric(at, f"final reward/mean · {label}") == f"{final:.4f}"
+        row = table.loc[label]
+        assert row["objective"] == params["objective"]
+        assert row["steps"] == lines[-1]["step"] == 3
+        assert row["final reward/mean"] == pytest.approx(final)
+        # Jitter₂ (eq. 20) of the per-step reward, by hand
+        m = [r["reward/mean"] for r in lines]
+        by_hand = sum(abs(m[t + 2] - 2 * m[t + 1] + m[t]) for t in range(len(m) - 2)) / (len(m) - 2)
+        assert row["Jitter₂ reward"] == pytest.approx(by_hand)
+        assert row["Jitter₂ reward"] == pytest.approx(jitter2(m))
+    # the curves: one figure per metric with values, one trace per run
+    with_values = {
+        k
+        for name in RUNS
+        for r in read_metrics(runs_dir / name)
+        for k, v in r.items()
+        if k in RUN_CURVES and math.isfinite(v)
+    }
+    assert {"reward/mean", "asym", "clip/low_frac", "entropy"} <= with_values
+    assert len(at.get("plotly_chart")) == len(with_values)
+
+
+def test_inputs_rerun(runs_dir):
+    at = _page(runs_dir)
+    at.sidebar.multiselect(key="runs").set_value(["grpo_run"]).run()
+    assert not at.exception
+    assert len(at.metric) == 1
+    at.sidebar.slider(key="window").set_value(1).run()
+    assert not at.exception
+    at.sidebar.number_input(key="threshold").set_value(0.0).run()
+    assert not at.exception
+    # threshold 0 is reached at the first step
+    assert (
+        at.dataframe[0].value["steps to threshold"].iloc[0] == read_metrics(runs_dir / "grpo_run")[0]["step"]
+    )
+    at.sidebar.multiselect(key="runs").set_value([]).run()
+    assert not at.exception
+    assert "Pick one or more runs" in at.info[0].value
+
+
+def test_missing_and_empty_folder(tmp_path):
+    at = _page(tmp_path / "nope")
+    assert "does not exist" in at.error[0].value
+    at = _page(tmp_path)
+    assert "No runs in" in at.warning[0].value
+
+
+def test_malformed_metrics_file(runs_dir, tmp_path):
+    bad = tmp_path / "bad_run"
+    shutil.copytree(runs_dir / "grpo_run", bad)
+    with (bad / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 4, "reward/mean": 0.5\n')  # a truncated line
+    at = _page(tmp_path)
+    assert "cannot be read" in at.error[0].value and "line 4" in at.error[0].value
+    (bad / "metrics.jsonl").write_text('{"step": 1, "reward/mean": "high"}\n')
+    at = _page(tmp_path)
+    assert "not a number" in at.error[0].value
+
+
+def test_nan_values_read_as_gaps(runs_dir, tmp_path):
+    """null (the trainer's NaN) is read as NaN and left out of the final value, not shown as a number."""
+    run = tmp_path / "nan_run"
+    shutil.copytree(runs_dir / "grpo_run", run)
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    lines[-1]["reward/mean"] = None
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    at = _page(tmp_path)
+    expected = lines[-2]["reward/mean"]
+    (metric,) = at.metric
+    assert metric.value == f"{expected:.4f}"
+    assert not math.isnan(float(metric.value))
