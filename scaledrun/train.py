@@ -20,9 +20,11 @@ GPU the trainer passes ``cpu=True`` to Accelerate so a ``--multi_gpu`` launch us
     accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no \\
         --dynamo_backend no -m scaledrun.train --config scaledrun/configs/default.yaml --steps 20
 
-One GPU::
+One GPU (``--preset`` on the command line overrides the YAML file: Qwen3-0.6B, bf16, LoRA r 16, lr 1e-5;
+the other options override the preset; ``--micro_batch_size`` bounds the rows per forward/backward)::
 
-    python -m scaledrun.train --config scaledrun/configs/default.yaml --preset qwen3-0.6b --task template
+    python -m scaledrun.train --config scaledrun/configs/default.yaml --preset qwen3-0.6b --task template \\
+        --max_new_tokens 64 --output_dir runs/qwen3-0.6b
     # or: accelerate launch --num_processes 1 -m scaledrun.train --config ...
 
 N GPUs on one machine, with the shipped Accelerate configs (``--num_processes`` overrides the file's 2;
@@ -60,7 +62,9 @@ Each mini-batch's loss uses the *global* token count (``token_count``) and seque
 local sum of per-token (or per-sequence) terms and N the global count. DDP *averages* gradients over the
 W processes: it applies (1/W) Σ_p ∇(loss_p). Backpropagating loss_p = W·L_p therefore applies
 Σ_p ∇S_p / N, the gradient of the loss of the whole mini-batch as one process would compute it. The
-logged loss is the unscaled L_p.
+logged loss is the unscaled L_p. Gradient accumulation (``micro_batch_size``) keeps the same normaliser
+N for every micro-batch of a mini-batch, so the accumulated gradient is the mini-batch's gradient;
+DDP reduces once, on the last micro-batch's backward (``accelerator.no_sync`` before it).
 
 Determinism and resume
 ----------------------
@@ -97,6 +101,7 @@ import math
 import random
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -303,10 +308,50 @@ def minibatch_loss(
     logp = out["logp"]
     if float(m.sum()) == 0:
         return (logp * 0.0).sum(), {}, logp, out
+    loss, metrics = _loss(cfg, sub, idx, advantages, m, logp, token_count, seq_count)
+    return loss, metrics, logp, out
+
+
+def minibatch_metrics(
+    batch: RolloutBatch,
+    idx: Tensor,
+    cfg: RunConfig,
+    advantages: Tensor,
+    logp: Tensor,
+    *,
+    mask: Tensor | None = None,
+    token_count: float | None = None,
+    seq_count: float | None = None,
+) -> dict[str, float]:
+    """The ``compute_loss`` metrics of rows ``idx`` given their log-probs (no forward pass, no grad).
+
+    Gradient accumulation runs a mini-batch in several passes; this reports the metrics of the whole
+    mini-batch (same arguments as ``minibatch_loss``; ``logp`` (b, T) are the passes' log-probs, in the
+    order of ``idx``). Empty dict when no token of the mini-batch is unmasked.
+    """
+    sub = batch.select(idx)
+    m = (batch.completion_mask if mask is None else mask)[idx.to(batch.completion_mask.device)]
+    if float(m.sum()) == 0:
+        return {}
+    with torch.no_grad():
+        return _loss(cfg, sub, idx, advantages, m, logp.detach(), token_count, seq_count)[1]
+
+
+def _loss(
+    cfg: RunConfig,
+    sub: RolloutBatch,
+    idx: Tensor,
+    advantages: Tensor,
+    m: Tensor,
+    logp: Tensor,
+    token_count: float | None,
+    seq_count: float | None,
+) -> tuple[Tensor, dict[str, float]]:
+    """The one ``compute_loss`` call of a mini-batch ``sub`` = rows ``idx`` (mask ``m`` (b, T))."""
     params = loss_params(cfg)
     if cfg.beta > 0:
         params["ref_logp"] = sub.ref_logp
-    loss, metrics = compute_loss(
+    return compute_loss(
         cfg.objective,
         logp,
         sub.old_logp,
@@ -318,7 +363,6 @@ def minibatch_loss(
         seq_count=seq_count,
         **params,
     )
-    return loss, metrics, logp, out
 
 
 # ------------------------------------------------------------------------------------------------
@@ -368,6 +412,11 @@ def update(
 ) -> UpdateResult:
     """Lopti stages × ``inner_epochs`` × mini-batches, one optimizer step per mini-batch.
 
+    With ``cfg.micro_batch_size`` > 0 each mini-batch's rows are run in micro-batches of that size
+    (gradient accumulation; ``accelerator.no_sync`` on all but the last), each loss normalised by the
+    mini-batch's global counts: the accumulated gradient is the one-pass gradient. Metrics, the
+    shared-prefix residual and the energy diagnostic cover the whole mini-batch either way.
+
     ``first_grads`` (debug): when given, filled with the trainable parameters' gradients of the first
     optimizer step (after the cross-process reduction, before clipping), keyed by parameter name.
     """
@@ -404,17 +453,37 @@ def update(
                     and idx.numel() * batch.completion_mask.shape[1] * _vocab(unwrapped)
                     <= ENERGY_MAX_ELEMENTS
                 )
-                loss, metrics, logp, extras = minibatch_loss(
-                    model, batch, idx, cfg, loss_adv, mask=stage_mask,
-                    token_count=token_count, seq_count=seq_count, with_hidden=with_hidden,
-                )  # fmt: skip
-                logp.retain_grad()
-                # DDP averages gradients over the W processes: scale by W to apply Σ_p ∇S_p / N (docstring)
-                accelerator.backward(loss * world)
+                # gradient accumulation: micro-batches of the mini-batch's rows (in order), each normalised
+                # by the whole mini-batch's global counts, so their gradients sum to the mini-batch's
+                size = cfg.micro_batch_size or idx.numel()
+                micro = list(idx.split(size))
+                logps, extras_mb, metrics = [], [], {}
+                for k, mb in enumerate(micro):
+                    sync = k == len(micro) - 1  # DDP: reduce the gradients once, on the last backward
+                    with nullcontext() if sync else accelerator.no_sync(model):
+                        loss, mb_metrics, logp, extras = minibatch_loss(
+                            model, batch, mb, cfg, loss_adv, mask=stage_mask,
+                            token_count=token_count, seq_count=seq_count, with_hidden=with_hidden,
+                        )  # fmt: skip
+                        logp.retain_grad()
+                        # DDP averages gradients over the W processes: scale by W to apply Σ_p ∇S_p / N
+                        accelerator.backward(loss * world)
+                    metrics = mb_metrics
+                    # the coefficients this optimiser step applies: ∂J/∂logp = −∂(W·loss)/∂logp / W
+                    grad = logp.grad.detach() if logp.grad is not None else torch.zeros_like(logp)
+                    logps.append((logp.detach(), -grad / world))
+                    if with_hidden:
+                        extras_mb.append(extras)
+                logp_mb = torch.cat([lp for lp, _ in logps])
+                coef_mb = torch.cat([c for _, c in logps])
+                if len(micro) > 1:
+                    # the metrics of the whole mini-batch, as one pass would report them
+                    metrics = minibatch_metrics(
+                        batch, idx, cfg, loss_adv, logp_mb, mask=stage_mask,
+                        token_count=token_count, seq_count=seq_count,
+                    )  # fmt: skip
                 if metrics:
                     res.metrics = metrics
-                # the coefficients this optimiser step applies: ∂J/∂logp = −∂(W·loss)/∂logp / W
-                coef_mb = -logp.grad.detach() / world if logp.grad is not None else torch.zeros_like(logp)
                 coef_mb = torch.where(stage_mask[idx].bool(), coef_mb, torch.zeros_like(coef_mb))
                 coef = torch.zeros_like(batch.old_logp).index_copy_(0, idx, coef_mb.to(batch.old_logp.dtype))
                 net, gro = event_sums(coef, index)
@@ -426,8 +495,10 @@ def update(
                     sub_mask = stage_mask[idx]
                     if float(sub_mask.sum()) > 0:
                         res.energy = energy_by_bucket(
-                            coef_mb.double(), extras["probs"], batch.completion_ids[idx], sub_mask,
-                            hidden_norm=extras["hidden_norm"], num_buckets=NUM_ENERGY_BUCKETS,
+                            coef_mb.double(), torch.cat([e["probs"] for e in extras_mb]),
+                            batch.completion_ids[idx], sub_mask,
+                            hidden_norm=torch.cat([e["hidden_norm"] for e in extras_mb]),
+                            num_buckets=NUM_ENERGY_BUCKETS,
                         ).tolist()  # fmt: skip
                 if first_grads is not None and res.opt_steps == 0:
                     for name, p in unwrapped.named_parameters():
@@ -438,7 +509,7 @@ def update(
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 res.opt_steps += 1
-                last_idx, logp_before, last_mask = idx, logp.detach(), stage_mask[idx]
+                last_idx, logp_before, last_mask = idx, logp_mb, stage_mask[idx]
     if res.opt_steps:
         with torch.no_grad(), full_params(accelerator, model):
             was = unwrapped.training
@@ -689,8 +760,6 @@ def full_params(accelerator: Any, model: Any) -> Any:
     (each GPU then holds the whole model for the duration). The ZeRO-3/FSDP branches are not exercised
     by this project's CPU tests (see ``scaledrun/accelerate/*.yaml``).
     """
-    from contextlib import nullcontext
-
     from accelerate.utils import DistributedType
 
     kind = accelerator.distributed_type

@@ -1,4 +1,4 @@
-"""The app's entry point: ``app/main.py`` runs its default page, and navigation reaches all six pages."""
+"""The app's entry point: ``app/main.py`` runs its default page, and navigation reaches every page."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ PAGES = [
     "transforms.py",
     "training_lab.py",
     "low_prob.py",
+    "runs.py",
     "about.py",
 ]
 

@@ -238,3 +238,73 @@ def test_cli_errors(tmp_path):
         tr.main(["--config", "scaledrun/configs/default.yaml", "--group_size", "1"])
     with pytest.raises(ValueError, match="task"):
         tr.main(["--config", "scaledrun/configs/default.yaml", "--task", str(tmp_path / "missing.jsonl")])
+
+
+def _one_update(cfg, batch, micro_batch_size, monkeypatch):
+    """One ``update`` on ``batch`` from the same initial LoRA weights; the minibatch_loss calls it made."""
+    from accelerate import Accelerator
+
+    cfg = RunConfig(**{**cfg.__dict__, "micro_batch_size": micro_batch_size})
+    model, _ = tr.load_model_and_tokenizer(cfg)  # seeded LoRA init: the same weights each call
+    model.train()
+    optimizer, _ = tr.build_optimizer(cfg, model)
+    spy = _Counts(getattr(tr.minibatch_loss, "fn", tr.minibatch_loss))  # not a previous call's spy
+    monkeypatch.setattr(tr, "minibatch_loss", spy)
+    grads: dict[str, torch.Tensor] = {}
+    res = tr.update(
+        cfg, Accelerator(cpu=True), model, optimizer, batch, batch.advantages, torch.Generator().manual_seed(0),
+        first_grads=grads,
+    )  # fmt: skip
+    weights = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    return res, grads, weights, spy.calls
+
+
+class _Counts:
+    """Records (rows, token_count, seq_count) of each minibatch_loss call, then runs the real function."""
+
+    def __init__(self, fn):
+        self.fn, self.calls = fn, []
+
+    def __call__(self, model, batch, idx, cfg, advantages, **kw):
+        self.calls.append((idx.tolist(), kw.get("token_count"), kw.get("seq_count")))
+        return self.fn(model, batch, idx, cfg, advantages, **kw)
+
+
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
+def test_gradient_accumulation_equals_one_pass(tiny_model, tmp_path, monkeypatch, aggregation):
+    cfg = make_cfg(tiny_model, tmp_path, objective="grpo", aggregation=aggregation)
+    model, tokenizer = tr.load_model_and_tokenizer(cfg)
+    model.eval()
+    batch = _rollout(cfg, model, tokenizer)
+    # advantages that differ within every group (so every completion carries gradient)
+    batch.advantages = torch.linspace(-1.0, 1.0, len(batch))
+    n = len(batch)
+    assert n == 8  # 2 groups of 4: micro-batches of 3 split the first group across two passes
+    one, g_one, w_one, calls_one = _one_update(cfg, batch, 0, monkeypatch)
+    acc, g_acc, w_acc, calls_acc = _one_update(cfg, batch, 3, monkeypatch)
+    # the passes: one over all rows vs rows [0..2], [3..5], [6, 7] in order, all with the global counts
+    n_tok = float(batch.completion_mask.sum())
+    assert calls_one == [(list(range(n)), n_tok, float(n))]
+    assert calls_acc == [([0, 1, 2], n_tok, 8.0), ([3, 4, 5], n_tok, 8.0), ([6, 7], n_tok, 8.0)]
+    assert one.opt_steps == acc.opt_steps == 1
+    # the same gradient (some LoRA weight must have one) and the same weights after the step
+    assert set(g_one) == set(g_acc) and any(float(g.abs().max()) > 0 for g in g_one.values())
+    for name in g_one:
+        torch.testing.assert_close(g_acc[name], g_one[name], atol=1e-6, rtol=1e-6)
+    for name in w_one:
+        torch.testing.assert_close(w_acc[name], w_one[name], atol=1e-6, rtol=1e-6)
+    # metrics and diagnostics cover the whole mini-batch either way
+    assert math.isclose(acc.grad_norm, one.grad_norm, rel_tol=1e-5)
+    assert set(one.metrics) == set(acc.metrics) and one.metrics
+    for key, value in one.metrics.items():
+        assert math.isclose(acc.metrics[key], value, rel_tol=1e-5, abs_tol=1e-6) or (
+            math.isnan(value) and math.isnan(acc.metrics[key])
+        ), key
+    # the residual sums over every micro-batch's logp.grad: a gross sum that misses a pass is smaller
+    assert one.residual[1] > 0
+    for a, b in zip(acc.residual, one.residual, strict=True):
+        assert math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-9)
+    for a, b in zip(acc.energy, one.energy, strict=True):
+        assert math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-9)
+    for key, value in one.flip.items():
+        assert math.isclose(acc.flip[key], value, rel_tol=1e-5, abs_tol=1e-6) or math.isnan(value), key
