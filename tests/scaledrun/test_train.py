@@ -308,3 +308,26 @@ def test_gradient_accumulation_equals_one_pass(tiny_model, tmp_path, monkeypatch
         assert math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-9)
     for key, value in one.flip.items():
         assert math.isclose(acc.flip[key], value, rel_tol=1e-5, abs_tol=1e-6) or math.isnan(value), key
+
+
+def test_full_finetune_gradient_checkpointing_and_bf16_options(tiny_model, tmp_path):
+    """The model options of the config: full fine-tuning moves the base weights themselves (no adapter);
+    gradient checkpointing and bfloat16 give a model in that dtype that still takes a finite update."""
+    base = dict(AutoModelForCausalLM.from_pretrained(tiny_model).named_parameters())
+
+    full = tr.train(make_cfg(tiny_model, tmp_path / "full", full_finetune=True, lr=1e-3))
+    names = [n for n, _ in full.model.named_parameters()]
+    assert not any("lora_" in n for n in names)
+    moved = [n for n, p in full.model.named_parameters() if not torch.equal(p.detach(), base[n].detach())]
+    assert len(moved) > len(names) // 2
+
+    cfg = make_cfg(tiny_model, tmp_path / "bf16", dtype="bfloat16", gradient_checkpointing=True)
+    run = tr.train(cfg)
+    # the base weights are bfloat16; PEFT keeps the adapter weights in float32 (autocast_adapter_dtype)
+    assert {p.dtype for n, p in run.model.named_parameters() if "lora_" not in n} == {torch.bfloat16}
+    assert run.model.base_model.model.is_gradient_checkpointing
+    lora_b = [p for n, p in run.model.named_parameters() if "lora_B" in n]
+    assert any(float(p.detach().float().abs().max()) > 0 for p in lora_b)
+    assert all(bool(torch.isfinite(p.detach().float()).all()) for p in lora_b)
+    row = read_metrics(cfg.output_dir)[0]
+    assert row["updated"] == 1.0 and math.isfinite(row["loss"])
