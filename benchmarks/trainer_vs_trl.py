@@ -77,7 +77,7 @@ from scaledrun.config import RunConfig, load_config
 from scaledrun.rewards import exact_match
 from scaledrun.tasks import format_prompt
 from scaledrun.tiny import build_tiny
-from scaledrun.train import load_tasks, step_prompts, train
+from scaledrun.train import load_tasks, lora_config, step_prompts, train
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "scaledrun" / "configs" / "default.yaml"
 #: TRL's (epsilon, epsilon_high) when the run config leaves them unset: the objectives' own defaults
@@ -169,7 +169,6 @@ def trl_config(cfg: RunConfig, out_dir: Path) -> Any:
 def time_trl(cfg: RunConfig, out_dir: Path) -> tuple[list[float], list[float]]:
     """(seconds, generated tokens) of each RL step (``inner_epochs`` optimizer steps) of a TRL run."""
     from datasets import Dataset
-    from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from transformers.trainer_callback import PrinterCallback
     from trl import GRPOTrainer
@@ -204,13 +203,7 @@ def time_trl(cfg: RunConfig, out_dir: Path) -> tuple[list[float], list[float]]:
 
     torch.manual_seed(cfg.seed)  # the LoRA A init, as ours
     model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=getattr(torch, cfg.dtype))
-    lora = LoraConfig(
-        r=cfg.lora_rank,
-        lora_alpha=cfg.lora_alpha,
-        lora_dropout=cfg.lora_dropout,
-        target_modules=list(cfg.lora_target_modules),
-        task_type="CAUSAL_LM",
-    )
+    lora = lora_config(cfg)
     clock = Clock()
     trainer = GRPOTrainer(
         model=model,

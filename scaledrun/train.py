@@ -175,6 +175,19 @@ def seed_all(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def lora_config(cfg: RunConfig):
+    """The ``peft.LoraConfig`` of a run (rank, alpha, dropout, target modules from the config)."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=cfg.lora_rank,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
+        target_modules=list(cfg.lora_target_modules),
+        task_type="CAUSAL_LM",
+    )
+
+
 def load_model_and_tokenizer(cfg: RunConfig) -> tuple[Any, Any]:
     """``from_pretrained`` (dtype from the config), left-padding tokenizer, LoRA unless full fine-tuning."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -198,17 +211,10 @@ def load_model_and_tokenizer(cfg: RunConfig) -> tuple[Any, Any]:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
     if not cfg.full_finetune:
-        from peft import LoraConfig, get_peft_model
+        from peft import get_peft_model
 
         torch.manual_seed(cfg.seed)  # the LoRA A init
-        lora = LoraConfig(
-            r=cfg.lora_rank,
-            lora_alpha=cfg.lora_alpha,
-            lora_dropout=cfg.lora_dropout,
-            target_modules=list(cfg.lora_target_modules),
-            task_type="CAUSAL_LM",
-        )
-        model = get_peft_model(model, lora)
+        model = get_peft_model(model, lora_config(cfg))
     elif cfg.beta > 0:
         raise ValueError(
             "config field `beta` > 0 needs LoRA (the reference is the base model with the adapter off)"
