@@ -19,21 +19,18 @@ from cancellation.diagnostics import token_coefficients
 from toymodel.scenarios import clip_asymmetry_net
 from toymodel.theory import clip_coefficient
 
+from .pages import loaded, metric_text
+
 PAGE = str(Path(__file__).resolve().parents[2] / "app/views/clip_asymmetry.py")
 
 
 @pytest.fixture
 def at() -> AppTest:
-    app = AppTest.from_file(PAGE, default_timeout=60)
-    app.run()
-    assert not app.exception
-    return app
+    return loaded(PAGE)
 
 
 def metric(app: AppTest, label: str) -> float:
-    found = [m for m in app.metric if m.label == label]
-    assert len(found) == 1, [m.label for m in app.metric]
-    return float(found[0].value)
+    return float(metric_text(app, label))
 
 
 def pair_net(name: str, w: float, a: float, **params) -> float:

@@ -18,6 +18,8 @@ from cancellation.advantages import reweight_advantages
 from cancellation.batching import lopti_masks
 from cancellation.diagnostics import softmax_grad_norm_bounds
 
+from .pages import loaded, metric_text
+
 PAGE = str(Path(__file__).resolve().parents[2] / "app/views/low_prob.py")
 INSIDE = "Points inside the bounds"
 FACTOR = "Reweighting factor at π = η"
@@ -26,16 +28,11 @@ LOW = "Tokens in Lopti's low set (π < η)"
 
 @pytest.fixture
 def at() -> AppTest:
-    app = AppTest.from_file(PAGE, default_timeout=60)
-    app.run()
-    assert not app.exception
-    return app
+    return loaded(PAGE)
 
 
 def metric(app: AppTest, label: str) -> str:
-    found = [m for m in app.metric if m.label == label]
-    assert len(found) == 1, [m.label for m in app.metric]
-    return found[0].value
+    return metric_text(app, label)
 
 
 def charts(app: AppTest) -> list[dict]:

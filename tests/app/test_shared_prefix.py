@@ -18,6 +18,8 @@ from cancellation.diagnostics import token_coefficients
 from toymodel.scenarios import SHARED_PREFIX, shared_prefix_net, shared_prefix_policies
 from toymodel.theory import eq38_coefficient, eq38_gspo_coefficient
 
+from .pages import loaded, metric_text
+
 PAGE = str(Path(__file__).resolve().parents[2] / "app/views/shared_prefix.py")
 NET = "Net coefficient on the shared prefix (t=1)"
 CLOSED = "Eq. (38) closed form"
@@ -43,16 +45,11 @@ CALLS = {
 
 @pytest.fixture
 def at() -> AppTest:
-    app = AppTest.from_file(PAGE, default_timeout=60)
-    app.run()
-    assert not app.exception
-    return app
+    return loaded(PAGE)
 
 
 def metric(app: AppTest, label: str) -> float:
-    found = [m for m in app.metric if m.label == label]
-    assert len(found) == 1, [m.label for m in app.metric]
-    return float(found[0].value)
+    return float(metric_text(app, label))
 
 
 def inputs(app: AppTest) -> tuple[str, float, float, float, float, float, float]:
