@@ -1,10 +1,11 @@
 """The shared math of token-gradient cancellation in group-relative RL: pure torch, no I/O.
 
-Modules: ``advantages``, ``aggregation``, ``objectives``, ``transforms``, ``batching``, ``diagnostics``.
+Modules: ``advantages``, ``aggregation``, ``objectives``, ``transforms``, ``batching``, ``diagnostics``,
+``update`` (the schedule of one RL step and its cancellation meters, shared by the toy and the trainer).
 Shapes and names follow DESIGN.md ("The data that flows").
 """
 
-from . import batching, diagnostics
+from . import batching, diagnostics, update
 from .advantages import group_advantages, reweight_advantages
 from .aggregation import AGGREGATIONS, aggregate
 from .objectives import METRIC_KEYS, OBJECTIVES, compute_loss, objective_names
@@ -23,4 +24,5 @@ __all__ = [
     "group_advantages",
     "objective_names",
     "reweight_advantages",
+    "update",
 ]

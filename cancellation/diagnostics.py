@@ -58,16 +58,9 @@ def token_coefficients(
     Returns:
         (B, T) coefficients, 0 on padding.
     """
-    leaf = logp.detach().clone().requires_grad_(True)
-    loss, _ = compute_loss(name, leaf, old_logp, advantages, mask, group, with_metrics=False, **params)
-    if not loss.requires_grad:
-        # e.g. every completion clipped: the objective is constant in logp
-        return torch.zeros_like(leaf)
-    (grad,) = torch.autograd.grad(loss, leaf, allow_unused=True)
-    if grad is None:
-        return torch.zeros_like(leaf)
-    # J = −loss, so ∂J/∂logp = −∂loss/∂logp
-    return torch.where(mask.bool(), -grad, torch.zeros_like(grad))
+    from .update import coefficients  # the one place that differentiates an objective for its coefficients
+
+    return coefficients(name, logp, old_logp, advantages, mask, group, with_metrics=False, **params).coef
 
 
 def prefix_event_keys(tokens: Tensor, mask: Tensor, group: Tensor) -> Tensor:

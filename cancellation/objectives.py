@@ -316,6 +316,28 @@ def _sequence_weights(
     return m, log_s.exp(), lambda: _log_ratio(logp.detach(), old_logp, m).exp()
 
 
+#: Valid ``estimator`` values of the sequence-level objectives (``gspo``, ``dfpo``).
+ESTIMATORS = ("paper", "ppo_clip")
+
+
+def _estimator(params: dict[str, Any], default: str) -> str:
+    est = str(params.pop("estimator", default))
+    if est not in ESTIMATORS:
+        raise ValueError(f"unknown estimator {est!r}; valid: {', '.join(ESTIMATORS)}")
+    return est
+
+
+def _score_function_term(weight: Tensor, advantages: Tensor, s: Tensor) -> Tensor:
+    """(B,) Â_i·sg(w_i / s_i)·s_i(θ): value Â_i·w_i, gradient Â_i·w_i·∇log s_i (w_i a constant).
+
+    This is the stop-gradient estimator of DFPO eq. (16)/(59)-(62)/(68)/(85)-(86)/(91): every
+    trajectory, clipped or not, moves along the direction of its *unclipped* sequence ratio, scaled by
+    the constant w_i. ``s > 0`` always (an exponential), so the quotient is finite.
+    """
+    # DFPO eq. (68)/(86): ∇J = Σ_i w_i·Â_i·∇log s_i(θ), with w_i = s̄_i (GSPO) or s̃_i (DFPO) held constant
+    return advantages * (weight.detach() / s.detach()) * s
+
+
 @register("gspo")
 def gspo(
     logp: Tensor,
@@ -332,17 +354,39 @@ def gspo(
 
     Params: ``epsilon_low`` (3e-4) and ``epsilon_high`` (4e-4), GSPO's defaults; ``length_norm``
     (True: s = exp(mean_t log r), eq. 44; False: s = Π_t r, the plain sequence-coupled weight of
-    eq. 11/31 that App. A's closed forms use); ``beta``, ``ref_logp``, ``norm_constant``.
-    With (B, T) advantages, each token's term is min(s·A_t, clip(s)·A_t).
+    eq. 11/31 that App. A's closed forms use); ``estimator``; ``beta``, ``ref_logp``, ``norm_constant``.
+
+    ``estimator``:
+
+    - ``"ppo_clip"`` (default, GSPO's own objective): min(s·Â, clip(s)·Â), eq. (42). A sequence whose
+      ratio left the band on the side that binds gets no gradient (PPO's trust region).
+    - ``"paper"``: DFPO's baseline under the paper's stop-gradient estimator, eq. (86): every
+      trajectory, clipped or not, gets the coefficient s̄_i·Â_i on ∇log s_i(θ), s̄ the sign-aware
+      post-clip weight (eq. 47) held constant. Its value equals eq. (42)'s; its gradient keeps the
+      sequences the clip would silence, i.e. it takes larger steps. It is DFPO without a transform:
+      compare DFPO with this variant to tell the transform's own effect from the estimator's.
+
+    With (B, T) advantages (``ppo_clip`` only), each token's term is min(s·A_t, clip(s)·A_t).
     """
     e_low, e_high = _eps(params, 3e-4, 4e-4)
     length_norm = bool(params.pop("length_norm", True))
+    estimator = _estimator(params, "ppo_clip")
     m, s, token_ratio = _sequence_weights(logp, old_logp, mask, length_norm)
-    adv = advantages if advantages.dim() == 2 else advantages[:, None]
-    s_tok = s[:, None]
-    clipped = s_tok.clamp(1.0 - e_low, 1.0 + e_high)
-    # DFPO eq. (42): min(s_i·Â_i, clip(s_i, 1 − ε, 1 + ε)·Â_i), broadcast to the tokens of sequence i
-    obj = torch.minimum(s_tok * adv, clipped * adv).expand_as(logp)
+    if estimator == "paper":
+        if advantages.dim() != 1:
+            raise ValueError(
+                "gspo with estimator='paper' needs one advantage per completion, shape (B,); per-token "
+                "(B, T) advantages (Advantage Reweighting, Lopti) work with estimator='ppo_clip'"
+            )
+        # DFPO eq. (47): the sign-aware post-clip weight, a constant here
+        s_bar = sign_aware_clip(s.detach(), advantages, e_low, e_high)
+        obj = _score_function_term(s_bar, advantages, s)[:, None].expand_as(logp)
+    else:
+        adv = advantages if advantages.dim() == 2 else advantages[:, None]
+        s_tok = s[:, None]
+        clipped = s_tok.clamp(1.0 - e_low, 1.0 + e_high)
+        # DFPO eq. (42): min(s_i·Â_i, clip(s_i, 1 − ε, 1 + ε)·Â_i), broadcast to the tokens of sequence i
+        obj = torch.minimum(s_tok * adv, clipped * adv).expand_as(logp)
 
     def stats() -> _Stats:
         adv_seq = advantages if advantages.dim() == 1 else _masked_mean(advantages, m)
@@ -354,6 +398,37 @@ def gspo(
         "gspo", obj, logp=logp, old_logp=old_logp, advantages=advantages, mask=mask, group=group,
         aggregation=aggregation, params=params, stats=stats if with_metrics else None,
     )  # fmt: skip
+
+
+def dfpo_weights(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    group: Tensor,
+    *,
+    transform: str = "min_replace",
+    epsilon_low: float = 3e-4,
+    epsilon_high: float = 4e-4,
+    length_norm: bool = True,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """DFPO's weights of one batch: ``(s, s̄, s̃)``, each (B,), differentiable as far as the math is.
+
+    s is the sequence ratio (eq. 44, or Π_t r without ``length_norm``), s̄ the sign-aware post-clip
+    weight (eq. 47), s̃ = T(s̄) the transformed weight (eq. 17/18/50-55). A row with no unmasked token
+    (e.g. a truncated completion left out of the loss) takes no part in its group's transform: it
+    keeps s̃ = s̄ and does not change the other rows' weights.
+    """
+    _, s, _ = _sequence_weights(logp, old_logp, mask, length_norm)
+    # DFPO eq. (47): sign-aware post-clip weight
+    s_bar = sign_aware_clip(s, advantages, epsilon_low, epsilon_high)
+    # rows outside the loss form groups of their own (ids past every real id), so no transform sees them
+    empty = mask.sum(-1) == 0
+    if bool(empty.any()):
+        solo = group.max() + 1 + torch.arange(group.shape[0], device=group.device)
+        group = torch.where(empty, solo, group)
+    s_tilde = get_transform(transform)(s_bar, advantages, group)
+    return s, s_bar, s_tilde
 
 
 @register("dfpo")
@@ -368,17 +443,32 @@ def dfpo(
     with_metrics: bool = True,
     **params: Any,
 ) -> tuple[Tensor, dict[str, float]]:
-    """DFPO: GSPO's sign-aware post-clip weight s̄ (eq. 47), then a group transform (App. B).
+    """DFPO: GSPO's sign-aware post-clip weight s̄ (eq. 47), then a group transform s̃ = T(s̄) (App. B).
 
     Params: ``transform`` (``min_replace`` default, ``orth_proj``, ``orth_proj_pos``,
-    ``truncate_rebalance``); ``stop_grad`` (True); ``epsilon_low``/``epsilon_high`` (GSPO's 3e-4 /
-    4e-4); ``length_norm`` (True); ``beta``, ``ref_logp``, ``norm_constant``.
+    ``truncate_rebalance``); ``estimator`` (``"paper"``); ``stop_grad`` (True);
+    ``epsilon_low``/``epsilon_high`` (GSPO's 3e-4 / 4e-4); ``length_norm`` (True); ``beta``,
+    ``ref_logp``, ``norm_constant``.
 
-    Stop-gradient convention (App. C/D, eq. 59-62, 68): the transformed weight enters the loss as
-    s̃_i = sg(s̃_i / s̄_i)·s̄_i(θ), so its value is s̃_i and its gradient s̃_i·Â_i·∇log s̄_i: the
-    score direction of every token is scaled by the constant s̃_i, and a clipped sequence (whose s̄
-    is a constant) stays without gradient. ``stop_grad=False`` differentiates through the
-    transform instead (Table 3's "no stop-grad" ablation).
+    What is differentiated:
+
+    - ``estimator="paper"`` (default; eq. 16, 59-62, 68, 85-86, 91): every trajectory i, clipped or
+      not, gets the score-function coefficient s̃_i·Â_i on ∇log s_i(θ) (so s̃_i·Â_i/|y_i| on each
+      ∇log π(y_{i,t}) with the length-normalised s): s̃ is a constant (its value is T(s̄)), the
+      direction is that of the *unclipped* sequence ratio. With the transform's constraint
+      Σ_i Â_i s̃_i = 0 (eq. 18; Min-Replace: s̃ constant in the group and Σ_i Â_i = 0), a token that
+      every completion of an equal-length group shares gets a net coefficient of exactly 0, clipped
+      sequences included. This is what the paper writes. It keeps no PPO-style trust region beyond
+      the value of s̃ (like CISPO): clipping only bounds the weight, it never silences a gradient.
+    - ``estimator="ppo_clip"`` (a trust-region variant that is *not* in the paper): s̃ enters as
+      sg(s̃_i / s̄_i)·s̄_i(θ), value s̃_i, gradient s̃_i·Â_i·∇log s̄_i, so a sequence whose s̄ is clipped
+      (a constant) gets no gradient, as in PPO/GSPO. The group constraint then no longer holds on
+      the gradient: with GSPO's ε and several optimiser steps per batch nearly every sequence is
+      clipped and this variant behaves like GSPO.
+    - ``stop_grad=False`` (Table 3's "no stop-grad" ablation): the objective Σ_i Â_i·T(s̄(θ))_i is
+      differentiated through the transform and through s̄ (so clipped sequences are constant there
+      too, and Min-Replace's gradient reaches only the group's arg-min row). ``estimator`` is
+      ignored then.
 
     Needs one advantage per completion: (B, T) advantages raise, since the transforms act on the
     group's advantage vector.
@@ -391,24 +481,30 @@ def dfpo(
         )
     e_low, e_high = _eps(params, 3e-4, 4e-4)
     length_norm = bool(params.pop("length_norm", True))
-    transform = get_transform(str(params.pop("transform", "min_replace")))
+    transform = str(params.pop("transform", "min_replace"))
+    estimator = _estimator(params, "paper")
     stop_grad = bool(params.pop("stop_grad", True))
-    _, s, token_ratio = _sequence_weights(logp, old_logp, mask, length_norm)
-    # DFPO eq. (47): sign-aware post-clip weight
-    s_bar = sign_aware_clip(s, advantages, e_low, e_high)
-    if stop_grad:
-        s_tilde_value = transform(s_bar.detach(), advantages, group)
-        # DFPO App. C/D, eq. (59)-(62): s̃ = sg(s̃ / s̄)·s̄(θ) (s̄ > 0 always, so the ratio is finite)
-        s_tilde = (s_tilde_value / s_bar.detach()) * s_bar
+    kw = dict(transform=transform, epsilon_low=e_low, epsilon_high=e_high, length_norm=length_norm)
+    if not stop_grad:
+        # Table 3 ablation: gradient through T and s̄
+        s, _, s_tilde = dfpo_weights(logp, old_logp, advantages, mask, group, **kw)
+        seq_obj = advantages * s_tilde
     else:
-        s_tilde = transform(s_bar, advantages, group)
+        s, s_bar, s_tilde = dfpo_weights(logp, old_logp, advantages, mask, group, **kw)
+        s_tilde_value = s_tilde.detach()
+        if estimator == "paper":
+            seq_obj = _score_function_term(s_tilde_value, advantages, s)
+        else:
+            # trust-region variant: s̃ = sg(s̃ / s̄)·s̄(θ) (s̄ > 0 always, so the ratio is finite)
+            seq_obj = advantages * (s_tilde_value / s_bar.detach()) * s_bar
     # DFPO eq. (49) with s̄ replaced by s̃: Â_i·s̃_i, broadcast to the tokens of sequence i
-    obj = (advantages * s_tilde)[:, None].expand_as(logp)
+    obj = seq_obj[:, None].expand_as(logp)
 
     def stats() -> _Stats:
         low = ((s < 1.0 - e_low) & (advantages < 0))[:, None].expand_as(logp)
         high = ((s > 1.0 + e_high) & (advantages > 0))[:, None].expand_as(logp)
-        return _Stats(token_ratio(), s, s_tilde, low, high)
+        token_ratio = _log_ratio(logp.detach(), old_logp, mask).exp()
+        return _Stats(token_ratio, s.detach(), s_tilde.detach(), low, high)
 
     return _finish(
         "dfpo", obj, logp=logp, old_logp=old_logp, advantages=advantages, mask=mask, group=group,

@@ -85,9 +85,12 @@ def orth_proj_pos(weights: Tensor, advantages: Tensor, group: Tensor) -> Tensor:
     breakpoints, read off the active set there, and solve the linear piece for λ in closed form.
 
     Corner cases (each one tested):
-    - all advantages zero: the constraint is void, s̃ = s̄;
-    - one-sided groups (no negative, or no positive advantage): the only feasible points put zero
-      weight on every completion with a non-zero advantage, so those weights become 0;
+    - all advantages zero: the constraint is void, s̃ = s̄ (clamped at 0: max(s̄_i, 0));
+    - one-sided groups (some non-zero Â, all of one sign): Σ_i Â_i v_i = 0 with v ≥ 0 forces
+      v_i = 0 wherever Â_i ≠ 0, so the feasible set is that face and the optimum is exactly
+      v_i = 0 (Â_i ≠ 0), v_i = max(s̄_i, 0) (Â_i = 0). Its roots of f form a half-line that ends
+      at the extreme breakpoint, where rounding in f can leave no bracket at all (then λ = 0 and
+      v = s̄, infeasible), so this case is set explicitly rather than read off the root search;
     - completions with Â_i = 0 always keep their weight (max(s̄_i, 0)).
     """
     inverse, n = _check(weights, advantages, group)
@@ -120,6 +123,10 @@ def orth_proj_pos(weights: Tensor, advantages: Tensor, group: Tensor) -> Tensor:
     lam = torch.where(torch.isfinite(lam), lam, torch.zeros_like(lam))
     # KKT stationarity: v = max(s̄ − λÂ, 0)
     v = (s - lam[:, None] * a).clamp(min=0)
+    # one-sided groups: the only feasible points have v_i = 0 wherever Â_i ≠ 0 (rows with Â_i = 0 keep
+    # max(s̄_i, 0), which v already holds since λ·0 = 0)
+    one_sided = (a > 0).any(-1) ^ (a < 0).any(-1)
+    v = torch.where(one_sided[:, None] & nz, torch.zeros_like(v), v)
     return v[inverse, slot]
 
 

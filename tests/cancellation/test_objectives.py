@@ -397,11 +397,14 @@ def _dfpo_reference(bt: Batch, transform: str, el: float, eh: float, length_norm
     return [float(x) for x in s], s_bar.detach().tolist(), s_tilde.detach().tolist()
 
 
-def _dfpo_stopgrad_grad(bt: Batch, transform: str, agg: str, el: float, eh: float) -> tuple[float, Tensor]:
-    """Closed form of the stop-gradient convention (App. C/D eq. 68/70): loss = −Σ_i κ_i Â_i s̃_i and
-    ∂loss/∂logp_{i,t} = −κ_i Â_i s̃_i ∂log s̄_i/∂logp_{i,t}, with ∂log s̄_i/∂logp_{i,t} = 1/|y_i| on the
-    tokens of an unclipped sequence and 0 on a clipped one (s̄_i a constant). κ_i is the aggregation's
-    weight of sequence i (1/B for seq-mean-token-mean, |y_i|/N for token-mean)."""
+def _dfpo_stopgrad_grad(
+    bt: Batch, transform: str, agg: str, el: float, eh: float, estimator: str = "paper"
+) -> tuple[float, Tensor]:
+    """Closed form of the stop-gradient estimator: loss = −Σ_i κ_i Â_i s̃_i and
+    ∂loss/∂logp_{i,t} = −κ_i Â_i s̃_i ∂log s_i/∂logp_{i,t} = −κ_i Â_i s̃_i / |y_i| on every token of every
+    sequence, clipped or not (the paper's estimator, eq. 16/68/86/91: the unclipped direction ∇log s_i);
+    under the ``ppo_clip`` variant the direction is ∇log s̄_i, 0 on a clipped sequence (s̄_i a constant).
+    κ_i is the aggregation's weight of sequence i (1/B for seq-mean-token-mean, |y_i|/N for token-mean)."""
     s, _, s_tilde = _dfpo_reference(bt, transform, el, eh)
     kappa = ref.sequence_weight_in_loss(bt.mask, agg)
     a = bt.adv.tolist()
@@ -409,7 +412,7 @@ def _dfpo_stopgrad_grad(bt: Batch, transform: str, agg: str, el: float, eh: floa
     grad = torch.zeros_like(bt.logp)
     for i in range(len(s)):
         n = int(bt.mask[i].sum())
-        if not ref.is_clipped(s[i], a[i], el, eh):
+        if estimator == "paper" or not ref.is_clipped(s[i], a[i], el, eh):
             grad[i, :n] = -kappa[i] * a[i] * s_tilde[i] / n
     return loss, grad
 
@@ -421,14 +424,16 @@ def _dfpo_batch(seed: int) -> Batch:
 @pytest.mark.parametrize("transform", TRANSFORM_NAMES)
 @pytest.mark.parametrize("agg", ["seq-mean-token-mean", "token-mean"])
 @pytest.mark.parametrize("seed", range(2))
-def test_dfpo_stop_grad_gradient(transform: str, agg: str, seed: int) -> None:
+@pytest.mark.parametrize("estimator", [None, "paper", "ppo_clip"])
+def test_dfpo_stop_grad_gradient(transform: str, agg: str, seed: int, estimator: str | None) -> None:
     el, eh = 0.2, 0.28
     bt = _dfpo_batch(seed)
     assert _seq_categories(bt, el, eh) == {"clipped", "inside", "outside_unclipped"}
+    est = {} if estimator is None else {"estimator": estimator}
     loss, g = loss_grad(
-        run("dfpo", bt, aggregation=agg, transform=transform, epsilon_low=el, epsilon_high=eh), bt.logp
+        run("dfpo", bt, aggregation=agg, transform=transform, epsilon_low=el, epsilon_high=eh, **est), bt.logp
     )
-    want_loss, want_g = _dfpo_stopgrad_grad(bt, transform, agg, el, eh)
+    want_loss, want_g = _dfpo_stopgrad_grad(bt, transform, agg, el, eh, estimator or "paper")
     assert float(loss) == pytest.approx(want_loss, abs=1e-12)
     assert_close(g, want_g)
     if agg == "seq-mean-token-mean":
@@ -563,13 +568,14 @@ def _boundary_batch(log_r0: float) -> Batch:
 
 @pytest.mark.parametrize("transform", TRANSFORM_NAMES)
 def test_dfpo_clip_boundary_and_clipped_sequences_stay_clipped(transform: str) -> None:
-    """s̄ exactly at 1 + ε_high with Â > 0: a finite gradient, between the two one-sided limits (0 from
-    outside, the unclipped coefficient from inside). Beyond the boundary: exactly zero gradient."""
+    """``ppo_clip`` variant: s̄ exactly at 1 + ε_high with Â > 0: a finite gradient, between the two
+    one-sided limits (0 from outside, the unclipped coefficient from inside). Beyond the boundary:
+    exactly zero gradient (the paper's estimator instead keeps it: see the test below)."""
     x = float(torch.exp(torch.tensor(0.1, dtype=F64)))
     eh = x - 1.0  # exact: 1 + (x − 1) == x for x in [1, 2]
     assert 1.0 + eh == x
     bt = _boundary_batch(0.1)
-    kw = {"transform": transform, "epsilon_low": 0.2, "epsilon_high": eh}
+    kw = {"transform": transform, "epsilon_low": 0.2, "epsilon_high": eh, "estimator": "ppo_clip"}
     _, g = loss_grad(run("dfpo", bt, **kw), bt.logp)
     assert bool(torch.isfinite(g).all())
     _, _, s_tilde = _dfpo_reference(bt, transform, 0.2, eh)
@@ -847,3 +853,106 @@ def test_group_asym_equals_a_plain_loop_on_shuffled_unequal_groups() -> None:
     )
     with pytest.raises(ValueError, match="advantages"):
         group_asym(w, a[:3], group)
+
+
+# ------------------------------------------------------------------------------------------------
+# the paper's stop-gradient estimator on a hand-worked clipped group (DFPO eq. 16/68/86/91)
+
+
+def _clipped_group() -> tuple[Batch, list[float], list[float]]:
+    """One group of 4 equal-length (3-token) completions; token 0 is the same context-token pair in all
+    four (a whole-group shared token). With ε = 0.2 and the sequence log-ratios below, rows 0 and 3 are
+    clipped on the side that binds: s̄ = (1.2, 0.9, 1.1, 0.8) by hand (eq. 47)."""
+    old = torch.tensor([[-1.0, -0.5, -2.0]] * 4, dtype=F64)
+    log_s = [math.log(1.5), math.log(0.9), math.log(1.1), math.log(0.6)]
+    logp = old + torch.tensor([[v, v, v] for v in log_s], dtype=F64)
+    adv = torch.tensor([1.2, -0.4, 0.6, -1.4], dtype=F64)
+    s_bar = [1.2, 0.9, 1.1, 0.8]  # Â ≥ 0: min(s, 1.2); Â < 0: max(s, 0.8)
+    return Batch(logp, old, adv, torch.ones(4, 3, dtype=torch.bool), torch.zeros(4, dtype=torch.long)), log_s, s_bar
+
+
+def _hand_transform(name: str, s_bar: list[float], adv: list[float]) -> list[float]:
+    if name == "min_replace":  # eq. (50)
+        return [min(s_bar)] * len(s_bar)
+    dot = sum(a * s for a, s in zip(adv, s_bar, strict=True))
+    n2 = sum(a * a for a in adv)
+    proj = [s - dot / n2 * a for s, a in zip(s_bar, adv, strict=True)]  # eq. (18)
+    if name == "orth_proj" or min(proj) >= 0:  # here every projected weight stays positive
+        return proj
+    raise AssertionError("the hand-worked group keeps positive weights")
+
+
+@pytest.mark.parametrize("transform", TRANSFORM_NAMES)
+def test_dfpo_paper_estimator_hand_worked_clipped_group(transform: str) -> None:
+    bt, _, s_bar = _clipped_group()
+    a = bt.adv.tolist()
+    if transform == "truncate_rebalance":
+        # eq. (52)-(55) by hand: δ = Σ Â s̄ = 1.44 − 0.36 + 0.66 − 1.12 = 0.62 > 0, so the positive side is
+        # scaled by α = 1.48 / 2.10
+        alpha = (0.36 + 1.12) / (1.44 + 0.66)
+        s_tilde = [s_bar[0] * alpha, s_bar[1], s_bar[2] * alpha, s_bar[3]]
+    else:
+        s_tilde = _hand_transform("orth_proj" if transform == "orth_proj_pos" else transform, s_bar, a)
+    assert sum(ai * st for ai, st in zip(a, s_tilde, strict=True)) == pytest.approx(0.0, abs=1e-12)
+    kw = {"transform": transform, "epsilon_low": 0.2, "epsilon_high": 0.2}
+    _, g = loss_grad(run("dfpo", bt, **kw), bt.logp)
+    coef = -g  # ∂J/∂logp
+    b, length = 4, 3
+    for i in range(b):
+        want = s_tilde[i] * a[i] / (length * b)  # s̃_i·Â_i·α_{i,t}/B with α = 1/|y_i|
+        for t in range(length):
+            assert float(coef[i, t]) == pytest.approx(want, abs=1e-12)
+    assert abs(float(coef[0, 0])) > 0.05 and abs(float(coef[3, 0])) > 0.05  # clipped rows keep a gradient
+    # the shared token: net coefficient exactly 0
+    assert float(coef[:, 0].sum()) == pytest.approx(0.0, abs=1e-15)
+    # the trust-region variant silences the clipped rows, and the shared token no longer cancels
+    _, g_tr = loss_grad(run("dfpo", bt, estimator="ppo_clip", **kw), bt.logp)
+    assert float(g_tr[0].abs().sum()) == 0.0 and float(g_tr[3].abs().sum()) == 0.0
+    assert abs(float(g_tr[:, 0].sum())) > 1e-3
+
+
+def test_gspo_paper_estimator_is_eq_86() -> None:
+    """estimator='paper': every row gets s̄_i·Â_i·∇log s_i (eq. 86), clipped rows too; the value is eq. (42)'s."""
+    bt, _, s_bar = _clipped_group()
+    a = bt.adv.tolist()
+    kw = {"epsilon_low": 0.2, "epsilon_high": 0.2}
+    loss, g = loss_grad(run("gspo", bt, estimator="paper", **kw), bt.logp)
+    loss_clip, g_clip = loss_grad(run("gspo", bt, **kw), bt.logp)
+    assert float(loss) == pytest.approx(-sum(ai * s for ai, s in zip(a, s_bar, strict=True)) / 4, abs=1e-12)
+    assert float(loss) == pytest.approx(float(loss_clip), abs=1e-12)
+    for i in range(4):
+        assert float(-g[i, 1]) == pytest.approx(s_bar[i] * a[i] / 12, abs=1e-12)
+    # GSPO's own objective silences the two clipped rows; the unclipped rows agree
+    assert float(g_clip[0].abs().sum()) == 0.0 and float(g_clip[3].abs().sum()) == 0.0
+    assert_close(g_clip[1:3], g[1:3])
+    # no transform: the shared token does not cancel (Σ Â s̄ = 0.62 ≠ 0)
+    assert float(-g[:, 0].sum()) == pytest.approx(0.62 / 12, abs=1e-12)
+
+
+def test_unknown_estimator_names_the_valid_ones() -> None:
+    bt, _, _ = _clipped_group()
+    for name in ("gspo", "dfpo"):
+        with pytest.raises(ValueError, match="estimator.*paper, ppo_clip"):
+            compute_loss(name, bt.logp, bt.old_logp, bt.adv, bt.mask, bt.group, estimator="clip")
+
+
+@pytest.mark.parametrize("transform", TRANSFORM_NAMES)
+def test_dfpo_rows_outside_the_loss_take_no_part_in_the_transform(transform: str) -> None:
+    """A row with an all-zero mask (a truncated completion left out of the loss, Â = 0) changes nobody's s̃."""
+    bt, _, _ = _clipped_group()
+    kw = {"transform": transform, "epsilon_low": 0.2, "epsilon_high": 0.2}
+    _, g = loss_grad(run("dfpo", bt, **kw), bt.logp)
+    # add a fifth row to the group with s = 1 (it would lower Min-Replace's minimum if it took part) and
+    # a tiny ratio (s̄ = 0.8 for either sign) on a zero mask
+    extra = Batch(
+        torch.cat([bt.logp, bt.old_logp[:1] - 3.0]),
+        torch.cat([bt.old_logp, bt.old_logp[:1]]),
+        torch.cat([bt.adv, torch.zeros(1, dtype=F64)]),
+        torch.cat([bt.mask, torch.zeros(1, 3, dtype=torch.bool)]),
+        torch.zeros(5, dtype=torch.long),
+    )
+    _, g5 = loss_grad(run("dfpo", extra, aggregation="token-mean", **kw), extra.logp)
+    _, g4 = loss_grad(run("dfpo", bt, aggregation="token-mean", **kw), bt.logp)
+    assert_close(g5[:4], g4)
+    assert float(g5[4].abs().sum()) == 0.0
+    assert g.shape == g4.shape
