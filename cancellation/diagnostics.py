@@ -23,7 +23,6 @@ import torch
 from torch import Tensor
 
 from ._checks import check_1d, check_2d, check_finite, check_group, check_mask, group_index
-from .objectives import compute_loss
 
 
 def _check_int(name: str, x: Tensor) -> None:

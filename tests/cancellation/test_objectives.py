@@ -868,7 +868,11 @@ def _clipped_group() -> tuple[Batch, list[float], list[float]]:
     logp = old + torch.tensor([[v, v, v] for v in log_s], dtype=F64)
     adv = torch.tensor([1.2, -0.4, 0.6, -1.4], dtype=F64)
     s_bar = [1.2, 0.9, 1.1, 0.8]  # Â ≥ 0: min(s, 1.2); Â < 0: max(s, 0.8)
-    return Batch(logp, old, adv, torch.ones(4, 3, dtype=torch.bool), torch.zeros(4, dtype=torch.long)), log_s, s_bar
+    return (
+        Batch(logp, old, adv, torch.ones(4, 3, dtype=torch.bool), torch.zeros(4, dtype=torch.long)),
+        log_s,
+        s_bar,
+    )
 
 
 def _hand_transform(name: str, s_bar: list[float], adv: list[float]) -> list[float]:
