@@ -1,0 +1,107 @@
+"""Tests of cancellation.update: the schedule, the coefficients and the buffer that the toy and the
+trainer share (each against a plain loop or a hand-worked case)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cancellation.batching import lopti_masks, split_minibatches
+from cancellation.objectives import compute_loss
+from cancellation.update import (
+    RewardBalancedBuffer,
+    Schedule,
+    coefficients,
+    lopti_stage_advantages,
+    minibatches,
+)
+
+F64 = torch.float64
+
+
+def test_schedule_order_and_splits_match_a_plain_loop() -> None:
+    group = torch.tensor([3, 3, 7, 7, 7, 1, 1, 9])
+    adv = torch.linspace(-1.0, 1.0, 8, dtype=F64)
+    sched = Schedule(inner_epochs=3, num_minibatches=2, batching="random")
+    got = list(minibatches(group, adv, sched, generator=torch.Generator().manual_seed(5)))
+    gen = torch.Generator().manual_seed(5)
+    want = [rows for _ in range(3) for rows in split_minibatches(group, 2, "random", gen)]
+    assert [m.rows.tolist() for m in got] == [w.tolist() for w in want]
+    assert [m.number for m in got] == list(range(6))
+    assert [m.epoch for m in got] == [0, 0, 1, 1, 2, 2]
+    assert [m.last for m in got] == [False] * 5 + [True]
+    for m in got:
+        assert torch.equal(m.advantages, adv[m.rows])
+
+
+def test_one_minibatch_draws_no_split() -> None:
+    gen = torch.Generator().manual_seed(0)
+    state = gen.get_state()
+    out = list(minibatches(torch.tensor([0, 0, 1]), torch.zeros(3), Schedule(2, 1), generator=gen))
+    assert [m.rows.tolist() for m in out] == [[0, 1, 2], [0, 1, 2]]
+    assert torch.equal(gen.get_state(), state)
+
+
+def test_lopti_stages_zero_the_advantages_outside_each_set() -> None:
+    old = torch.log(torch.tensor([[0.1, 0.9, 0.3], [0.6, 0.05, 0.5]], dtype=F64))
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    adv = torch.tensor([2.0, -1.0], dtype=F64)
+    low, high = lopti_stage_advantages(adv, old, mask, 0.4)
+    # π_old < 0.4: (0,0), (0,2), (1,1); the rest of the mask is the second stage; padding in neither
+    assert low.tolist() == [[2.0, 0.0, 2.0], [0.0, -1.0, 0.0]]
+    assert high.tolist() == [[0.0, 2.0, 0.0], [-1.0, 0.0, 0.0]]
+    sched = Schedule(inner_epochs=2, lopti_eta=0.4)
+    out = list(minibatches(torch.tensor([0, 0]), adv, sched, old_logp=old, mask=mask))
+    assert [m.stage for m in out] == [0, 0, 1, 1]
+    assert torch.equal(out[0].advantages, low) and torch.equal(out[3].advantages, high)
+    # a stage with no token is skipped
+    only_high = lopti_stage_advantages(adv, old, mask, 0.01)
+    assert len(only_high) == 1 and torch.equal(only_high[0], adv[:, None] * lopti_masks(old, mask, 0.01)[1])
+    with pytest.raises(ValueError, match="Lopti.*old_logp"):
+        list(minibatches(torch.tensor([0, 0]), adv, sched))
+
+
+@pytest.mark.parametrize("bad", [{"inner_epochs": 0}, {"num_minibatches": 1.5}, {"batching": "groups"}])
+def test_schedule_rejects_bad_values_by_name(bad: dict) -> None:
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        Schedule(**bad)
+
+
+@pytest.mark.parametrize("name", ["grpo", "grpo_symclip", "gspo", "dfpo"])
+def test_coefficients_are_minus_the_loss_gradient(name: str) -> None:
+    gen = torch.Generator().manual_seed(1)
+    old = -torch.rand(6, 4, generator=gen, dtype=F64) - 0.1
+    logp = old + 0.3 * torch.randn(6, 4, generator=gen, dtype=F64)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 0, 0]])
+    adv = torch.tensor([1.0, -0.5, -0.5, 0.7, -0.2, -0.5], dtype=F64)
+    group = torch.tensor([0, 0, 0, 4, 4, 4])
+    kw = {"epsilon_low": 0.2, "epsilon_high": 0.2} if name in ("gspo", "dfpo") else {}
+    out = coefficients(name, logp, old, adv, mask, group, **kw)
+    x = logp.clone().requires_grad_(True)
+    loss, metrics = compute_loss(name, x, old, adv, mask, group, **kw)
+    (g,) = torch.autograd.grad(loss, x)
+    torch.testing.assert_close(
+        out.coef, torch.where(mask.bool(), -g, torch.zeros_like(g)), rtol=0, atol=1e-15
+    )
+    assert float(out.loss) == float(loss.detach())
+    assert out.metrics == metrics
+    assert float(out.coef.abs().sum()) > 0
+
+
+def test_buffer_selects_balanced_groups_and_applies_its_capacity() -> None:
+    buf = RewardBalancedBuffer(
+        rho=0.25, num_groups=1, max_groups=2, concat=lambda xs: torch.cat(xs), select=lambda p, r: p[r]
+    )
+    # group 0: all positive-free (zero advantages); group 1: balanced
+    buf.push(torch.tensor([10, 11]), torch.tensor([0.0, 0.0]), torch.tensor([0, 0]))
+    assert buf.pop(buf.selection()) is None and buf.num_buffered == 1
+    buf.push(torch.tensor([20, 21]), torch.tensor([1.0, -1.0]), torch.tensor([1, 1]))
+    taken = buf.pop(buf.selection())
+    assert taken.tolist() == [20, 21] and buf.num_buffered == 1
+    # two more unbalanced groups: capacity 2 drops the oldest (group 0)
+    buf.push(torch.tensor([30]), torch.tensor([0.0]), torch.tensor([2]))
+    buf.push(torch.tensor([40]), torch.tensor([0.0]), torch.tensor([3]))
+    assert buf.pop(buf.selection()) is None
+    assert buf.group.tolist() == [2, 3] and buf.payload.tolist() == [30, 40]
+    with pytest.raises(ValueError, match="max_groups"):
+        RewardBalancedBuffer(0.2, 3, 2, concat=lambda xs: xs[0], select=lambda p, r: p)
