@@ -936,7 +936,7 @@ def test_gspo_paper_estimator_is_eq_86() -> None:
 def test_unknown_estimator_names_the_valid_ones() -> None:
     bt, _, _ = _clipped_group()
     for name in ("gspo", "dfpo"):
-        with pytest.raises(ValueError, match="estimator.*paper, ppo_clip"):
+        with pytest.raises(ValueError, match=r"estimator.*paper, ppo_clip"):
             compute_loss(name, bt.logp, bt.old_logp, bt.adv, bt.mask, bt.group, estimator="clip")
 
 

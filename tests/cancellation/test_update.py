@@ -57,7 +57,7 @@ def test_lopti_stages_zero_the_advantages_outside_each_set() -> None:
     # a stage with no token is skipped
     only_high = lopti_stage_advantages(adv, old, mask, 0.01)
     assert len(only_high) == 1 and torch.equal(only_high[0], adv[:, None] * lopti_masks(old, mask, 0.01)[1])
-    with pytest.raises(ValueError, match="Lopti.*old_logp"):
+    with pytest.raises(ValueError, match=r"Lopti.*old_logp"):
         list(minibatches(torch.tensor([0, 0]), adv, sched))
 
 
