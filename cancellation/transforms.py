@@ -88,9 +88,10 @@ def orth_proj_pos(weights: Tensor, advantages: Tensor, group: Tensor) -> Tensor:
     - all advantages zero: the constraint is void, s̃ = s̄ (clamped at 0: max(s̄_i, 0));
     - one-sided groups (some non-zero Â, all of one sign): Σ_i Â_i v_i = 0 with v ≥ 0 forces
       v_i = 0 wherever Â_i ≠ 0, so the feasible set is that face and the optimum is exactly
-      v_i = 0 (Â_i ≠ 0), v_i = max(s̄_i, 0) (Â_i = 0). Its roots of f form a half-line that ends
-      at the extreme breakpoint, where rounding in f can leave no bracket at all (then λ = 0 and
-      v = s̄, infeasible), so this case is set explicitly rather than read off the root search;
+      v_i = 0 (Â_i ≠ 0), v_i = max(s̄_i, 0) (Â_i = 0). There f has one sign everywhere and its
+      roots form a half-line that ends at the extreme breakpoint, where rounding in f can leave no
+      bracket at all (then λ = 0 and v = s̄, infeasible), so this case is set explicitly rather
+      than read off the root search;
     - completions with Â_i = 0 always keep their weight (max(s̄_i, 0)).
     """
     inverse, n = _check(weights, advantages, group)

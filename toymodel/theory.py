@@ -20,6 +20,8 @@ eq. 35-36):
 - ``eq38_gspo_coefficient``: GSPO's length-normalised version (A/(G·T))·(s2 − s1), s_i = (ρ1ρ2λ_i)^{1/T};
 - ``shared_event_coefficient``: eq. (72) in general (what DFPO's transforms zero via eq. 73);
 - ``dfpo_shared_prefix_coefficient``: eq. (72) with DFPO's s̃ from ``cancellation.transforms``;
+- ``paper_estimator_coefficient``: eq. (72) under the paper's stop-gradient estimator (eq. 68/86),
+  where every trajectory, clipped or not, keeps its coefficient w_i·Â_i/(G·|y_i|);
 - ``shared_prefix_closed_form``: the paper's prediction for any objective, same arguments as
   ``shared_prefix_net``.
 
@@ -30,10 +32,22 @@ App. F (clip asymmetry, a shared token with ratio w, Â = (−A, +A)):
 - ``symclip_coefficient``: App. H eq. (82), Σ_i Â_i·∂φ(w)/∂log w, 0 when Σ Â = 0;
 - ``clip_asymmetry_closed_form``: the prediction for ``clip_asymmetry_net``'s arguments.
 
-The clipped forms use the sign-aware rule of eq. (47)-(49) (``carries_gradient``): a term whose
-clip binds is a constant and drops out of the gradient. At a kink (a ratio exactly at 1 ± ε) the
-derivative does not exist; these functions then count the term as unclipped, as autograd does
-for ``torch.minimum``/``clamp`` at a tie.
+Estimators (``cancellation.objectives.ESTIMATORS``). ``gspo`` and ``dfpo`` take ``estimator``:
+``"ppo_clip"`` (GSPO's default) differentiates the clipped surrogate, so a trajectory whose clip binds
+is a constant and drops out; ``"paper"`` (DFPO's default, eq. 16/59-62/68/86/91) gives every
+trajectory the constant coefficient w_i·Â_i on ∇log s_i, clipped or not (w = s̄ for gspo, s̃ for dfpo).
+
+Kinks. The clipped forms use the sign-aware rule of eq. (47)-(49) (``carries_gradient``): a term
+whose clip binds is a constant and drops out of the gradient. At a kink (a ratio exactly at
+1 + ε_high or 1 − ε_low, compared in floating point exactly as the objective compares it) the
+derivative does not exist, and these functions take the side that autograd takes there: the term
+counts as unclipped, since ``torch.clamp`` passes the gradient at its bounds and ``torch.minimum``/
+``torch.maximum`` split it between two equal arguments whose derivatives are then equal. That holds
+for every closed form here (``carries_gradient``, ``clip_coefficient``, ``symclip_coefficient``,
+``eq38_coefficient``, ``eq38_gspo_coefficient``, ``dfpo_shared_prefix_coefficient``; tested at the
+kinks and either side). The branch is decided on the float ratio a function is given: a caller whose
+objective sees a ratio that rounds differently (e.g. exp(log w), or a ratio of two softmaxes) can sit
+one ulp on the other side of the bound, where the coefficient jumps.
 """
 
 from __future__ import annotations
@@ -44,7 +58,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from cancellation.objectives import sign_aware_clip
+from cancellation.objectives import ESTIMATORS, sign_aware_clip
 from cancellation.transforms import get_transform
 
 #: The shared-prefix toy's group size and trajectory length (App. A.2: τ1, τ2, three tokens each).
@@ -100,7 +114,9 @@ def carries_gradient(
     By eq. (48)-(49) the term is Â·s̄ with the sign-aware s̄ of eq. (47): s̄ = min(w, c) for Â ≥ 0,
     max(w, c) for Â < 0. It is the constant c·Â (no gradient) exactly when the clip binds on the
     side that the sign selects: Â > 0 and w > 1 + ε_high, or Â < 0 and w < 1 − ε_low. ``None``
-    disables that side. A weight exactly at the boundary counts as unclipped (autograd's tie rule).
+    disables that side. A weight exactly at the boundary (w == 1 + ε_high or w == 1 − ε_low in
+    floating point) counts as unclipped, which is what autograd of the objective gives there: the
+    clip is strict (``>``, ``<``) on both sides.
     """
     lo, hi = _check_eps(epsilon_low, epsilon_high)
     w, a = float(weight), float(advantage)
@@ -239,6 +255,35 @@ def shared_event_coefficient(
     return sum(wi * ai / ni for wi, ai, ni, on in zip(w, a, n, act, strict=True) if on) / g
 
 
+def _check_estimator(estimator: str) -> str:
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"unknown estimator {estimator!r}; valid: {', '.join(ESTIMATORS)}")
+    return estimator
+
+
+def paper_estimator_coefficient(
+    weights: Sequence[float],
+    advantages: Sequence[float],
+    epsilon_low: float | None,
+    epsilon_high: float | None,
+    length: int,
+    group_size: int | None = None,
+) -> float:
+    """GSPO under the paper's estimator (eq. 86): eq. (72) with the post-clip weights s̄ and no term dropped.
+
+    Every trajectory gets the constant coefficient s̄_i·Â_i on ∇log s_i (s̄ the sign-aware clip of
+    eq. 47, clipped or not), i.e. s̄_i·Â_i/(G·T) on each of its tokens (``length`` = T; 1 for the
+    product weight). There is no kink: s̄ is continuous in s.
+    """
+    lo, hi = _check_eps(epsilon_low, epsilon_high)
+    w = [float(x) for x in weights]
+    a = [float(x) for x in advantages]
+    # DFPO eq. (47): s̄ = min(s, 1 + ε_high) for Â ≥ 0, max(s, 1 − ε_low) for Â < 0
+    s_bar = [min(wi, 1.0 + hi) if ai >= 0 else max(wi, 1.0 - lo) for wi, ai in zip(w, a, strict=True)]
+    # DFPO eq. (86) summed over the event's tokens, eq. (72)
+    return shared_event_coefficient(s_bar, a, [length] * len(w), None, group_size)
+
+
 def dfpo_shared_prefix_coefficient(
     transform: str,
     rho1: float,
@@ -250,14 +295,18 @@ def dfpo_shared_prefix_coefficient(
     length_norm: bool = True,
     epsilon_low: float = 3e-4,
     epsilon_high: float = 4e-4,
+    estimator: str = "paper",
 ) -> float:
     """DFPO's net coefficient on each shared prefix step: eq. (72) with the transformed weights s̃.
 
     s_i from eq. (37) (``length_norm=False``) or eq. (44); s̄ = the sign-aware clip of eq. (47)
     (``cancellation.objectives.sign_aware_clip``); s̃ = the group transform (``cancellation.transforms``).
-    With DFPO's stop-gradient (App. C/D, eq. 59-62) token t of trajectory i gets s̃_i·Â_i·∂log s̄_i/∂logp_t
-    /G = s̃_i·Â_i/(G·T) (1/G for the product weight) while s̄_i is unclipped, 0 once it is clipped.
-    Eq. (73): every transform makes Σ_i Â_i s̃_i = 0, so the net is 0 unless a clip binds.
+
+    - ``estimator="paper"`` (DFPO's default; eq. 59-62, 68, 91): token t of trajectory i gets
+      s̃_i·Â_i·∂log s_i/∂logp_t/G = s̃_i·Â_i/(G·T) (1/G for the product weight), clipped or not, so by
+      eq. (73) (every transform makes Σ_i Â_i s̃_i = 0) the net is 0 whatever the clip does.
+    - ``estimator="ppo_clip"``: the gradient goes through s̄, so a trajectory whose clip binds drops
+      out (eq. 47-49) and the net is 0 only while no clip binds.
     """
     _check_positive(rho1=rho1, rho2=rho2, lam1=lam1, lam2=lam2)
     a = _check_advantage(advantage)
@@ -270,7 +319,10 @@ def dfpo_shared_prefix_coefficient(
     s_bar = sign_aware_clip(s, adv, float(epsilon_low), float(epsilon_high))
     # DFPO eq. (50)/(18)/(51)/(52)-(55): the group transform
     s_tilde = fn(s_bar, adv, torch.zeros(2, dtype=torch.long))
-    active = _active(s.tolist(), adv.tolist(), epsilon_low, epsilon_high)
+    if _check_estimator(estimator) == "paper":
+        active = [True, True]  # DFPO eq. (68): every trajectory keeps s̃_i·Â_i on ∇log s_i
+    else:
+        active = _active(s.tolist(), adv.tolist(), epsilon_low, epsilon_high)
     # DFPO eq. (72) (eq. 73 makes it 0 when both are active)
     return shared_event_coefficient(s_tilde.tolist(), adv.tolist(), [t, t], active, SP_GROUP_SIZE)
 
@@ -279,13 +331,14 @@ def dfpo_shared_prefix_coefficient(
 _DEFAULTS: dict[str, dict[str, Any]] = {
     "grpo": {"epsilon_low": 0.2, "epsilon_high": 0.2},
     "grpo_symclip": {"epsilon": 0.2},
-    "gspo": {"epsilon_low": 3e-4, "epsilon_high": 4e-4, "length_norm": True},
+    "gspo": {"epsilon_low": 3e-4, "epsilon_high": 4e-4, "length_norm": True, "estimator": "ppo_clip"},
     "dfpo": {
         "epsilon_low": 3e-4,
         "epsilon_high": 4e-4,
         "length_norm": True,
         "transform": "min_replace",
         "stop_grad": True,
+        "estimator": "paper",
     },
 }
 _DEFAULT_AGGREGATION = {
@@ -315,6 +368,8 @@ def _params(objective: str, params: dict[str, Any]) -> dict[str, Any]:
     out = {**_DEFAULTS[objective], **p}
     if objective == "dfpo" and not out["stop_grad"]:
         raise ValueError("the closed form of eq. (72) assumes DFPO's stop-gradient (stop_grad=True)")
+    if "estimator" in out:
+        _check_estimator(out["estimator"])
     return out
 
 
@@ -336,8 +391,10 @@ def shared_prefix_closed_form(
     - ``grpo``: eq. (9) inside [1 − ε_low, 1 + ε_high] (0); outside, eq. (75)/(76) with w = ρ1
       (``clip_coefficient``, token-mean over the 2·3 tokens);
     - ``grpo_symclip``: eq. (82), 0;
-    - ``gspo``: eq. (38)/G (``length_norm=False``) or (A/(G·T))·(s2 − s1) (eq. 44), with clipping;
-    - ``dfpo``: eq. (72)-(73) with the transform's s̃ (0 unless a clip binds).
+    - ``gspo``: eq. (38)/G (``length_norm=False``) or (A/(G·T))·(s2 − s1) (eq. 44), with clipping
+      (``estimator="ppo_clip"``, its default); ``estimator="paper"``: eq. (86), (1/(G·T))·Σ_i s̄_i·Â_i;
+    - ``dfpo``: eq. (72)-(73) with the transform's s̃: 0 under the paper's estimator (its default),
+      0 unless a clip binds under ``estimator="ppo_clip"``.
     """
     p = _params(objective, params)
     a = _check_advantage(advantage)
@@ -369,6 +426,17 @@ def shared_prefix_closed_form(
         )
     lo, hi = p["epsilon_low"], p["epsilon_high"]
     length_norm = bool(p["length_norm"])
+    estimator = str(p["estimator"])
+    if objective == "gspo" and estimator == "paper":
+        t = SP_LENGTH if length_norm else 1
+        s = _sp_weights(rho1, rho2, lam1, lam2, length_norm)
+        value = paper_estimator_coefficient(s, [-a, a], lo, hi, t, SP_GROUP_SIZE)
+        return ClosedForm(
+            value,
+            "eq. (86) in eq. (72)",
+            "the paper's estimator keeps every trajectory's s̄_i·Â_i on ∇log s_i, clipped or not, so the "
+            "shared steps get Σ_i s̄_i·Â_i/(G·T): s̄ still carries each trajectory's own last-token λ.",
+        )
     if objective == "gspo":
         if length_norm:
             value = eq38_gspo_coefficient(rho1, rho2, lam1, lam2, a, epsilon_low=lo, epsilon_high=hi)
@@ -401,8 +469,17 @@ def shared_prefix_closed_form(
         length_norm=length_norm,
         epsilon_low=lo,
         epsilon_high=hi,
+        estimator=estimator,
     )
     s = _sp_weights(rho1, rho2, lam1, lam2, length_norm)
+    if estimator == "paper":
+        return ClosedForm(
+            value,
+            "eq. (68), (72)-(73)",
+            f"the paper's estimator gives every trajectory, clipped or not, s̃_i·Â_i on ∇log s_i; "
+            f"{p['transform']} makes Σ_i Â_i s̃_i = 0 (eq. 73) and both have the same length, so the "
+            "shared event's coefficient Σ s̃_i Â_i/(G·|y_i|) is 0.",
+        )
     if all(_active(s, [-a, a], lo, hi)):
         return ClosedForm(
             value,
@@ -521,6 +598,7 @@ __all__ = [
     "eq38_coefficient",
     "eq38_gspo_coefficient",
     "eq38_surrogate",
+    "paper_estimator_coefficient",
     "shared_event_coefficient",
     "shared_prefix_closed_form",
     "symclip_coefficient",
