@@ -5,13 +5,15 @@
 Each ``log(step, row)`` appends one JSON object ``{"step": step, **row}`` to ``<output_dir>/metrics.jsonl``
 (NaN written as ``null``; eval metrics, ``eval/...``, are in the row of the step they follow) and one
 scalar per key to TensorBoard. On resume the file is truncated to the
-rows with ``step ≤`` the checkpoint's step, so a killed-and-resumed run has exactly one row per step.
+rows with ``step ≤`` the checkpoint's step, so a killed-and-resumed run has exactly one row per step;
+a last line cut off by a kill (not valid JSON) is dropped with a warning, there and in ``read_metrics``.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -24,16 +26,30 @@ def _clean(v: Any) -> Any:
     return v
 
 
+def _parse_lines(path: Path) -> list[dict[str, Any]]:
+    """The JSON rows of ``path``; a cut-off *last* line is dropped with a warning, any other bad line raises."""
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for k, line in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            if k < len(lines) - 1:
+                raise ValueError(
+                    f"{path}: line {k + 1} is not valid JSON ({err}); fix or remove it"
+                ) from None
+            warnings.warn(
+                f"{path}: dropped a cut-off last line (the run was killed while writing it)", stacklevel=3
+            )
+    return rows
+
+
 def read_metrics(output_dir: str | Path) -> list[dict[str, Any]]:
     """The rows of ``<output_dir>/metrics.jsonl`` (null read back as NaN)."""
     path = Path(output_dir) / METRICS_FILE
     if not path.is_file():
         return []
-    rows = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            rows.append({k: (math.nan if v is None else v) for k, v in json.loads(line).items()})
-    return rows
+    return [{k: (math.nan if v is None else v) for k, v in row.items()} for row in _parse_lines(path)]
 
 
 class RunLogger:
@@ -55,12 +71,9 @@ class RunLogger:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path.is_file():
-            keep = [
-                r
-                for r in self.path.read_text().splitlines()
-                if r.strip() and json.loads(r)["step"] <= resume_step
-            ]
-            self.path.write_text("".join(line + "\n" for line in keep))
+            # the checkpoint's rows only: no duplicate after a resume, no orphan row past the checkpoint
+            keep = [row for row in _parse_lines(self.path) if row["step"] <= resume_step]
+            self.path.write_text("".join(json.dumps(row) + "\n" for row in keep))
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
