@@ -24,6 +24,7 @@ CURVE_TITLES: dict[str, tuple[str, str]] = {
     "template_kl": ("Template KL drift (learning tax)", "App. E/G"),
     "shared_residual": ("Shared-event residual Σ|net| / Σ gross", "eq. (2), (72)"),
     "group_shared_residual": ("Residual on events the whole group shares", "Prop. 3.1, eq. (9), (13)"),
+    "sequence_net_residual": ("Sequence-net residual Σ_g|Σ_i c_i| / Σ_g Σ_i|c_i|", "eq. (2), (18), (68)"),
     "asym": ("Asym: Var_i(w_i Â_i)", "eq. (23)"),
     "clip/low_frac": ("Lower-clip fraction (Â < 0)", "eq. (46)–(47); App. F eq. (75)"),
     "clip/high_frac": ("Upper-clip fraction (Â > 0)", "eq. (46)–(47); App. F eq. (76)"),

@@ -148,14 +148,18 @@ print(f"\ns-driven part (GSPO − DFPO Min-Replace) = {delta['GSPO'] - delta['DF
 # `simulate` trains the toy: each step samples a group of $G = 8$ from $\pi_{\theta_\text{old}}$,
 # computes advantages and the loss with `cancellation`, takes 4 inner SGD steps against the frozen
 # $\theta_\text{old}$ (so ratios leave 1 and coupling and clipping act), and records exact statistics.
-# We compare five variants over 5 seeds. GSPO's own clip range is $\varepsilon = 3\cdot10^{-4} /
-# 4\cdot10^{-4}$; the "ε=0.2" variants use GRPO's range instead.
+# We compare six variants over 5 seeds. GSPO's own clip range is $\varepsilon = 3\cdot10^{-4} /
+# 4\cdot10^{-4}$; the "ε=0.2" variants use GRPO's range instead. DFPO runs the paper's estimator
+# (every completion, clipped or not, keeps $\tilde s_i\hat A_i$ on $\nabla\log s_i$; tutorial 5), and
+# "GSPO eq. 86" is GSPO's weight $\bar s_i$ under that same estimator with no transform: the control
+# that tells the estimator's effect from the transform's.
 
 # %%
 E02 = {"epsilon_low": 0.2, "epsilon_high": 0.2}
 runs_spec = {
     "GRPO": ("grpo", {}),
     "GSPO": ("gspo", {}),
+    "GSPO eq. 86": ("gspo", {"estimator": "paper"}),
     "DFPO Min-Replace": ("dfpo", {"transform": "min_replace"}),
     "GSPO ε=0.2": ("gspo", E02),
     "DFPO Min-Replace ε=0.2": ("dfpo", {"transform": "min_replace", **E02}),
@@ -206,17 +210,21 @@ for name, rows_by_seed in runs.items():
 # %% [markdown]
 # ## 5. What the toy shows, and what it does not
 #
-# * **GSPO with its own clip range is DFPO.** With $\varepsilon = 3\cdot10^{-4}$ nearly every sequence
-#   is clipped after the first inner step (the `clip/frac` column), and at the first inner step every
-#   $s_i = 1$, where every group transform is the identity. So the two rows are the same run, seed for
-#   seed. To see coupling at all you need a clip range that lets ratios move (the ε=0.2 rows).
+# * **At GSPO's own clip range, GSPO and DFPO differ, and the estimator is why.** With
+#   $\varepsilon = 3\cdot10^{-4}$ nearly every sequence is clipped after the first inner step (the
+#   `clip/frac` column). GSPO then gives a clipped sequence no gradient, so its later inner steps do
+#   little: it learns more slowly and keeps more entropy (−1.20 log-odds, entropy 0.54). DFPO's paper
+#   estimator keeps every sequence's gradient, clipped or not, and ends where GRPO does (−2.80, 0.22).
+#   The eq. 86 control, the same estimator with no transform, ends at the same place (−2.82, 0.22):
+#   the difference from GSPO is the estimator's, not the transform's.
 # * **The collapse you see is mostly credit assignment.** GRPO, which cancels shared tokens exactly,
 #   collapses the equivalent set the most: from entropy 0.64 to about 0.2 in 100 steps, always
 #   towards "10 + 10 = 20 .", because "The" is shared with the wrong answer. The s-driven term of
 #   eq. (41) is a few percent of a step (section 3) and drowns in that, and in the sampling noise,
-#   over a run: with ε=0.2, GSPO and DFPO Min-Replace end within a standard deviation of each other.
-#   GSPO with its default ε keeps more entropy only because it learns more slowly (most of its
-#   inner steps are clipped; see its lower E[R]), not because it cancels better.
+#   over a run: with ε=0.2, GSPO and DFPO Min-Replace end within a standard deviation of each other,
+#   and so do the eq. 86 control and DFPO at GSPO's ε. GSPO with its default ε keeps more entropy only
+#   because it learns more slowly (most of its inner steps are clipped; see its lower E[R]), not
+#   because it cancels better.
 # * **What the toy does show exactly** is the mechanism: eq. (39)'s unequal weights and the one-step
 #   s-driven part of eq. (41), which DFPO Min-Replace removes (section 3), and, on the shared-prefix
 #   toy, eq. (38)'s non-cancelling coefficient (tutorial 2). Whether those per-step terms accumulate

@@ -24,7 +24,9 @@
 #
 # so that a token every completion shares (same length, eq. 72) gets a zero net coefficient again.
 # This tutorial applies the four transforms of App. B to a hand-made group, then runs them inside
-# the objective, and finally reproduces the stop-gradient ablation of Table 3 on the toy.
+# the objective, shows why the paper's stop-gradient estimator is what carries eq. (73) to the
+# gradient (also when the clip binds), and finally trains the toy to separate what the *estimator*
+# does from what the *transform* does, with the paper's own control (eq. 86) and Table 3's ablation.
 
 # %%
 import statistics
@@ -37,6 +39,7 @@ from cancellation import group_advantages
 from cancellation.diagnostics import shared_residual, steps_to_threshold, token_coefficients
 from cancellation.objectives import sequence_log_ratio, sign_aware_clip
 from cancellation.transforms import TRANSFORMS, min_replace, orth_proj, orth_proj_pos, truncate_rebalance
+from cancellation.update import RESIDUAL_KEYS
 from toymodel import get_scenario, simulate
 
 pio.renderers.default = "plotly_mimetype+notebook_connected"
@@ -154,6 +157,7 @@ objectives = {
     "GRPO": ("grpo", {}),
     "GSPO": ("gspo", {}),
     **{f"DFPO {name}": ("dfpo", {"transform": name}) for name in TRANSFORMS},
+    "DFPO min_replace, ppo_clip": ("dfpo", {"transform": "min_replace", "estimator": "ppo_clip"}),
 }
 
 
@@ -176,36 +180,115 @@ for scale in (0.3, 1.0):
 
 # %% [markdown]
 # With moderate ratios (top block) GSPO leaves a residual and every DFPO transform brings it to 0,
-# like GRPO. With larger ratios (bottom block) DFPO's residual is back: a completion whose clip binds
-# has a constant $\bar s$ and contributes no gradient at all (here the two completions with
-# $\hat A < 0$ and $s = 0.765$ and $0.61$, below $1 - \varepsilon = 0.8$), so eq. (73)'s balance no
-# longer reaches the shared tokens. That is also why, with GSPO's own tiny clip range, DFPO and GSPO
-# leave about the same residual in training (the README's tables):
-# clipping, not coupling, is what is left.
+# like GRPO. With larger ratios (bottom block) two completions' clips bind (those with $\hat A < 0$ and
+# $s = 0.765$ and $0.61$, below $1 - \varepsilon = 0.8$), and still every DFPO transform cancels. Only
+# the last row, DFPO's *trust-region* variant (`estimator="ppo_clip"`, not in the paper), leaves a
+# residual there: it gives a clipped completion no gradient, so eq. (73)'s balance no longer reaches
+# the shared tokens. Which of the two DFPO differentiates is the subject of the next section.
 #
-# ## 4. Why the stop-gradient matters (App. C/D, Table 3)
+# ## 4. Why the stop-gradient matters: the paper's estimator (App. C/D, eq. 16, 59–62, 68, 86, 91)
 #
-# DFPO treats the transformed weights as constants in backprop: $\tilde s_i = \operatorname{sg}(\tilde
-# s_i/\bar s_i)\,\bar s_i(\theta)$ (eq. 59–62, 68). The value is $\tilde s_i$ and the gradient is
-# $\tilde s_i\hat A_i\nabla\log\bar s_i$: every token of completion $i$ keeps its GSPO direction,
-# scaled by $\tilde s_i/\bar s_i$ (App. C's "proportional shrink, no reverse update"). We can read
-# that factor straight off the coefficients:
+# DFPO treats the transformed weights as **constants**: $\tilde s_i = T(\bar{\mathbf s})_i$ is a number,
+# and the gradient the paper writes is the score-function estimator
+#
+# $$\nabla_\theta J = \frac1G\sum_{i=1}^G \tilde s_i\,\hat A_i\,\nabla_\theta \log s_i(\theta)
+#   \qquad\text{(eq. 68, 91)},$$
+#
+# i.e. *every* completion, clipped or not, moves along the direction of its **unclipped** sequence
+# ratio, scaled by $\tilde s_i$: with GSPO's $s_i = \exp(\frac{1}{|y_i|}\sum_t \log r_{i,t})$ each of its
+# tokens gets the coefficient $\tilde s_i\hat A_i/(G\,|y_i|)$. In code that is
+# $\hat A_i\cdot\operatorname{sg}(\tilde s_i/s_i)\cdot s_i(\theta)$ (value $\hat A_i\tilde s_i$), `dfpo`'s default
+# `estimator="paper"`. A token that every completion of an equal-length group shares then gets
+# $\frac{1}{G\,T}\sum_i\hat A_i\tilde s_i = 0$ **whatever the clip does**. The clip only bounds the
+# weight's value; it never silences a completion (no PPO-style trust region beyond that, like CISPO).
+#
+# Two other ways to differentiate the same objective value:
+#
+# * `estimator="ppo_clip"` writes $\operatorname{sg}(\tilde s_i/\bar s_i)\,\bar s_i(\theta)$: a completion
+#   whose $\bar s_i$ is clipped (a constant) gets **no** gradient, as in PPO/GSPO. A trust region, but
+#   not what the paper writes, and the group constraint no longer holds on the gradient.
+# * GSPO under the paper's estimator (eq. 86, `gspo` with `estimator="paper"`): every completion gets
+#   $\bar s_i\hat A_i\nabla\log s_i$, **no transform**. This is the control: it keeps the gradients
+#   that GSPO's clip silences, exactly as DFPO does, but not the balance $\sum_i\hat A_i\bar s_i = 0$.
+#
+# A hand-built group makes the difference visible: $G = 4$ completions of $T = 3$ tokens, three
+# correct; token 0 is the same event in all four (same context, same token, so the same log-ratio),
+# and the other tokens move the sequence ratios so that two clips bind at $\varepsilon = 0.2$.
 
 # %%
-theta = theta_old + 0.3 * torch.randn(theta_old.shape, generator=torch.Generator().manual_seed(2), dtype=f64)
-logp = policy.token_logp(theta, idx)
+G, T = 4, 3
+adv_h = group_advantages(torch.tensor([1.0, 1.0, 1.0, 0.0], dtype=f64), torch.zeros(G, dtype=torch.long))
+group_h = torch.zeros(G, dtype=torch.long)
+log_r = torch.tensor(  # column 0: the shared token, same log-ratio in every completion
+    [[0.1, 0.6, 0.5], [0.1, 0.0, -0.1], [0.1, 0.1, -0.05], [0.1, -0.8, -0.3]], dtype=f64
+)
+old_h = torch.full((G, T), -1.0, dtype=f64)
+logp_h = old_h + log_r
+mask_h = torch.ones(G, T)
 clip02 = {"epsilon_low": 0.2, "epsilon_high": 0.2}
-coef_gspo = token_coefficients("gspo", logp, old_logp, adv_t, mask, group, **clip02)
-coef_dfpo = token_coefficients("dfpo", logp, old_logp, adv_t, mask, group, transform="min_replace", **clip02)
-s_bar_t = sign_aware_clip(sequence_log_ratio(logp, old_logp, mask).exp(), adv_t, 0.2, 0.2)
-print("DFPO / GSPO coefficient, per completion:", (coef_dfpo[:, 0] / coef_gspo[:, 0]))
-print("s̃ / s̄ from min_replace:                ", min_replace(s_bar_t, adv_t, group) / s_bar_t)
+s_h = sequence_log_ratio(logp_h, old_h, mask_h).exp()
+s_bar_h = sign_aware_clip(s_h, adv_h, 0.2, 0.2)
+clipped_h = s_bar_h != s_h
+print("Â  =", adv_h)
+print("s  =", s_h)
+print("s̄  =", s_bar_h, "  clipped:", clipped_h.tolist())
+
+variants_h = {
+    "DFPO min_replace (paper)": ("dfpo", {"transform": "min_replace"}),
+    "DFPO orth_proj (paper)": ("dfpo", {"transform": "orth_proj"}),
+    "DFPO min_replace (ppo_clip)": ("dfpo", {"transform": "min_replace", "estimator": "ppo_clip"}),
+    "DFPO orth_proj (ppo_clip)": ("dfpo", {"transform": "orth_proj", "estimator": "ppo_clip"}),
+    "GSPO, eq. 86 control": ("gspo", {"estimator": "paper"}),
+    "GSPO (its own ppo_clip)": ("gspo", {}),
+}
+print(f"\n{'shared token 0: coefficient per completion':44} {'':30} net Σ_i")
+coef_h = {}
+for name, (objective, params) in variants_h.items():
+    coef_h[name] = token_coefficients(objective, logp_h, old_h, adv_h, mask_h, group_h, **clip02, **params)
+    col = coef_h[name][:, 0]
+    print(f"  {name:42} {[round(float(c), 4) + 0.0 for c in col]!s:32} {float(col.sum()):+.2e}")
 
 # %% [markdown]
-# **Without** the stop-gradient the transform is differentiated too. For Min-Replace and Orth-Proj
-# that is fatal under GSPO's aggregation: $\frac1G\sum_i\hat A_i\tilde s_i(\theta)$ is $\tilde s_\text{min}
-# \sum_i \hat A_i = 0$ (Min-Replace) or $0$ by construction (Orth-Proj) **for every θ**, so the
-# gradient is identically zero.
+# Under the paper's estimator every completion, the two clipped ones included, gets exactly
+# $\tilde s_i\hat A_i/(G\,T)$ on the shared token, so the net is $\frac{1}{GT}\sum_i\hat A_i\tilde s_i = 0$.
+# The `ppo_clip` variant gives the clipped completions 0 and leaves the rest unbalanced. The eq. 86
+# control keeps every completion too, but with $\bar s_i$: its net is $\frac{1}{GT}\sum_i \hat A_i\bar s_i$,
+# not 0. Checked against the formula:
+
+# %%
+for name in ("min_replace", "orth_proj"):
+    s_tilde_h = TRANSFORMS[name](s_bar_h, adv_h, group_h)
+    expected = (s_tilde_h * adv_h / (G * T))[:, None].expand(G, T)
+    assert torch.allclose(coef_h[f"DFPO {name} (paper)"], expected, atol=1e-15)
+    ppo = torch.where(clipped_h, torch.zeros_like(s_tilde_h), s_tilde_h * adv_h / (G * T))
+    assert torch.allclose(coef_h[f"DFPO {name} (ppo_clip)"][:, 0], ppo, atol=1e-15)
+    print(
+        f"{name:11} paper: Σ_i Â_i s̃_i = {float(adv_h @ s_tilde_h):+.1e};  ppo_clip net ×G·T = {float(ppo.sum()) * G * T:+.4f}"
+    )
+assert torch.allclose(coef_h["GSPO, eq. 86 control"][:, 0], s_bar_h * adv_h / (G * T), atol=1e-15)
+print(f"eq. 86 control: Σ_i Â_i s̄_i = {float(adv_h @ s_bar_h):+.4f}")
+
+# %% [markdown]
+# So under the paper's estimator DFPO's coefficient of every token of completion $i$ is the eq. 86
+# control's multiplied by $\varphi_i = \tilde s_i/\bar s_i$, clipped completions included (App. C's
+# "proportional shrink, no reverse update"): the transform only rescales each completion's step. We
+# can read that factor straight off the coefficients, on the template group of section 3 with the
+# larger perturbation (two clipped completions):
+
+# %%
+theta = theta_old + 1.0 * torch.randn(theta_old.shape, generator=torch.Generator().manual_seed(2), dtype=f64)
+logp = policy.token_logp(theta, idx)
+coef_eq86 = token_coefficients("gspo", logp, old_logp, adv_t, mask, group, estimator="paper", **clip02)
+coef_dfpo = token_coefficients("dfpo", logp, old_logp, adv_t, mask, group, transform="min_replace", **clip02)
+s_bar_t = sign_aware_clip(sequence_log_ratio(logp, old_logp, mask).exp(), adv_t, 0.2, 0.2)
+print("DFPO / eq. 86 coefficient, per completion:", (coef_dfpo[:, 0] / coef_eq86[:, 0]))
+print("s̃ / s̄ from min_replace:                  ", min_replace(s_bar_t, adv_t, group) / s_bar_t)
+
+# %% [markdown]
+# **Without** the stop-gradient (`stop_grad=False`, Table 3's ablation) the transform is differentiated
+# too. For Min-Replace and Orth-Proj that is fatal under GSPO's aggregation:
+# $\frac1G\sum_i\hat A_i\tilde s_i(\theta)$ is $\tilde s_\text{min} \sum_i \hat A_i = 0$ (Min-Replace) or $0$ by
+# construction (Orth-Proj) **for every θ**, so the gradient is identically zero.
 
 # %%
 for name in ("min_replace", "orth_proj"):
@@ -215,69 +298,119 @@ for name in ("min_replace", "orth_proj"):
     print(f"DFPO {name:11} without stop-grad: max |coefficient| = {float(coef.abs().max()):.1e}")
 
 # %% [markdown]
-# Table 3 of the paper (Qwen3-32B) compares DFPO (Min-Replace), GSPO, DFPO without stop-grad, and
+# ## 5. Training: what the estimator does, and what the transform does
+#
+# Table 3 of the paper (Qwen3-32B) compares DFPO (Min-Replace), GSPO, DFPO without stop-grad and
 # "scale by 0.5" ($\tilde s_i = 0.5\,\bar s_i$, to rule out "it only helps because the steps are
-# smaller"). On the toy we can run all four. Under plain SGD, scaling every weight by 0.5 halves
-# GSPO's gradient exactly, so "scale by 0.5" is GSPO at half the learning rate. All runs use
-# ε = 0.2 so that coupling is not hidden by clipping (tutorial 3), 4 seeds × 100 steps.
+# smaller"). It has no run of the eq. 86 control, and that is the comparison that separates the two
+# things DFPO changes at once: **the estimator** (GSPO → control: clipped sequences keep their
+# gradient) and **the transform** (control → DFPO: $\sum_i\hat A_i\tilde s_i = 0$). On the toy we run all
+# of them at GSPO's own clip range (3e-4 / 4e-4, the paper's setting; 4 inner SGD epochs per batch, so
+# most sequences are clipped after the first), 4 seeds × 100 steps, plus GSPO and DFPO at ε = 0.2.
+# Under plain SGD and the paper's estimator "scale by 0.5" is exactly the eq. 86 control at half the
+# learning rate.
 
 # %%
 E02 = {"epsilon_low": 0.2, "epsilon_high": 0.2}
 ablation = {
-    "DFPO (Min-Replace)": ("dfpo", {"transform": "min_replace", **E02}),
-    "GSPO (baseline)": ("gspo", E02),
-    "DFPO (no stop-grad)": ("dfpo", {"transform": "min_replace", "stop_grad": False, **E02}),
-    "DFPO (scale by 0.5)": ("gspo", {"lr": 0.25, **E02}),  # = 0.5·s̄ under SGD at lr 0.5
+    "GSPO (baseline)": ("gspo", {}),
+    "eq. 86 control": ("gspo", {"estimator": "paper"}),
+    "DFPO (Min-Replace)": ("dfpo", {"transform": "min_replace"}),
+    "DFPO ppo_clip": ("dfpo", {"transform": "min_replace", "estimator": "ppo_clip"}),
+    "DFPO (no stop-grad)": ("dfpo", {"transform": "min_replace", "stop_grad": False}),
+    "DFPO (scale by 0.5)": ("gspo", {"estimator": "paper", "lr": 0.25}),  # = 0.5·s̄ under SGD at lr 0.5
+    "GSPO ε=0.2": ("gspo", E02),
+    "DFPO (Min-Replace) ε=0.2": ("dfpo", {"transform": "min_replace", **E02}),
+}
+SEEDS, STEPS = range(4), 100
+
+
+def first_hit(rows):
+    """(step, template KL) where E[R] first reaches 0.9; (nan, nan) if it never does."""
+    hit = steps_to_threshold([r["expected_reward"] for r in rows], 0.9, [r["step"] for r in rows])
+    return (float("nan"), float("nan")) if hit is None else (hit, rows[int(hit) - 1]["template_kl"])
+
+
+def mean_of(xs):
+    xs = [x for x in xs if x == x]  # drop NaN
+    return statistics.mean(xs) if xs else float("nan")
+
+
+runs = {
+    name: [simulate(sc, obj, steps=STEPS, seed=seed, **params) for seed in SEEDS]
+    for name, (obj, params) in ablation.items()
 }
 print(
-    f"{'variant':22} {'E[R] final':>14} {'steps→0.9':>10} {'template KL':>14} {'group-shared residual':>22}"
+    f"{'variant':25} {'E[R] final':>7} {'steps→0.9':>9} {'KL at 0.9':>9} {'KL final':>8} {'group-shared':>12} {'seq-net':>8}"
 )
-curves = {}
-for name, (objective, params) in ablation.items():
-    runs = [simulate(sc, objective, steps=100, seed=seed, **params) for seed in range(4)]
-    curves[name] = [statistics.mean(rows[t]["expected_reward"] for rows in runs) for t in range(100)]
-    reward = [rows[-1]["expected_reward"] for rows in runs]
-    hits = [
-        steps_to_threshold([r["expected_reward"] for r in rows], 0.9, [r["step"] for r in rows])
-        for rows in runs
-    ]
-    reached = [h for h in hits if h is not None]
-    steps = f"{statistics.mean(reached):.0f}" if reached else "never"
-    kl = [rows[-1]["template_kl"] for rows in runs]
-    res = [
-        r["group_shared_residual"] for rows in runs for r in rows if r["group_shared_residual"] >= 0
-    ]  # drop NaN (no update with a real coefficient on a whole-group event)
-    res_text = f"{statistics.mean(res):22.3f}" if res else f"{'n/a (no gradient)':>22}"
+for name, rows_by_seed in runs.items():
+    hits = [first_hit(rows) for rows in rows_by_seed]
+    res = {k: mean_of([mean_of([r[k] for r in rows]) for rows in rows_by_seed]) for k in RESIDUAL_KEYS}
     print(
-        f"{name:22} {statistics.mean(reward):6.3f} ± {statistics.stdev(reward):.3f} {steps:>10} "
-        f"{statistics.mean(kl):6.3f} ± {statistics.stdev(kl):.3f} {res_text}"
+        f"{name:25} {mean_of([rows[-1]['expected_reward'] for rows in rows_by_seed]):7.3f} "
+        f"{mean_of([h[0] for h in hits]):9.1f} {mean_of([h[1] for h in hits]):9.3f} "
+        f"{mean_of([rows[-1]['template_kl'] for rows in rows_by_seed]):8.3f} "
+        f"{res['group_shared_residual']:12.4f} {res['sequence_net_residual']:8.4f}"
     )
 
-fig = go.Figure([go.Scatter(x=list(range(1, 101)), y=ys, name=name) for name, ys in curves.items()])
+fig = go.Figure(
+    [
+        go.Scatter(
+            x=list(range(1, STEPS + 1)),
+            y=[mean_of([rows[t]["expected_reward"] for rows in rs]) for t in range(STEPS)],
+            name=name,
+        )
+        for name, rs in runs.items()
+    ]
+)
 fig.update_layout(
-    title="Table 3 on the template toy: exact E[R], mean of 4 seeds",
-    xaxis_title="step",
-    yaxis_title="E[R]",
-    height=380,
+    title="template_task: exact E[R], mean of 4 seeds", xaxis_title="step", yaxis_title="E[R]", height=380
 )
 fig.show()
 
 # %% [markdown]
-# What this reproduces and what it does not:
+# The same seeds in every run, so the effects can be read as paired differences (mean ± standard
+# error over the 4 seeds): the estimator's effect is control − GSPO, the transform's DFPO − control.
+
+
+# %%
+def paired(a: str, b: str, i: int) -> str:
+    d = [x[i] - y[i] for x, y in zip(map(first_hit, runs[a]), map(first_hit, runs[b]), strict=True)]
+    return f"{statistics.mean(d):+7.3f} ± {statistics.stdev(d) / len(d) ** 0.5:.3f}"
+
+
+for what, a, b in (
+    ("estimator (eq. 86 control − GSPO)", "eq. 86 control", "GSPO (baseline)"),
+    ("transform (DFPO − eq. 86 control)", "DFPO (Min-Replace)", "eq. 86 control"),
+    ("transform at ε=0.2 (DFPO − GSPO)", "DFPO (Min-Replace) ε=0.2", "GSPO ε=0.2"),
+):
+    print(f"{what:36} steps→0.9 {paired(a, b, 0)}   template KL at 0.9 {paired(a, b, 1)}")
+
+# %% [markdown]
+# What this shows on the toy, and what it does not:
 #
-# * **No stop-grad does not learn at all** here: E[R] stays at its initial 0.3 and the template KL at
-#   0, and its residual is "n/a": its coefficients are $\sum_i\hat A_i$ times something, 0 up to
-#   rounding (about $10^{-17}$), which the simulator does not count as an update. That is the structural reason behind Table 3's
-#   degradation, in its most extreme form: under `seq-mean-token-mean` the differentiated transform
-#   cancels the whole objective, not only its shared part. In the paper's LM runs it degrades rather
-#   than stops, presumably because completions differ in length and a length-weighted aggregation
-#   lets something through; on this equal-length toy nothing survives.
-# * **Scale by 0.5 is slower, not better**: half the step reaches the threshold later, with a
-#   smaller template KL because it has moved less overall.
-# * **DFPO vs GSPO**: DFPO's group-shared residual is exactly 0 where GSPO's is not (the mechanism),
-#   but the final reward and the learning tax (template KL) are within about one standard deviation
-#   of GSPO's over these seeds; the README's 10-seed table says the same. The toy confirms the
-#   mechanism, not the downstream gain.
+# * **The estimator does almost everything that separates DFPO from GSPO at GSPO's ε.** GSPO silences
+#   most sequences after the first inner step and needs about four times as many steps to reach
+#   E[R] ≥ 0.9. The eq. 86 control, which has no transform, is as fast as DFPO and pays the same
+#   larger template KL for it, within the seeds' noise (it moves the policy more per batch); DFPO's
+#   ppo_clip variant behaves like GSPO. So DFPO's speed, and its *larger* learning tax here, are the
+#   estimator's doing.
+# * **The transform's own effect is the last bit of cancellation.** The control's group-shared
+#   residual is already small (its $\bar s_i$ stay close to each other at this ε) and DFPO takes it
+#   to 0; the paired differences in steps and template KL are within about one standard error. At
+#   ε = 0.2 nothing clips on this toy (GSPO is the control there, seed for seed) and the transform
+#   removes GSPO's group-shared residual, again without a measurable change in speed or learning tax.
+#   (`python -m toymodel template_task --compare` over 10 seeds and the Training lab's first screen
+#   say the same.)
+# * **No stop-grad does not learn at all**: E[R] stays at its initial 0.3 and the template KL at 0; its
+#   coefficients are $\sum_i\hat A_i$ times something, 0 up to rounding. In the paper's LM runs it
+#   degrades rather than stops, presumably because completions differ in length; on this equal-length
+#   toy nothing survives.
+# * **Scale by 0.5 is slower, not better**: half the control's step reaches the threshold later.
+#
+# The toy confirms the mechanism (DFPO's shared tokens cancel exactly, under any clip) and shows that,
+# here, a downstream gain over GSPO comes from the estimator; whether the transform adds one at
+# language-model scale is the public review's open question.
 #
 # ## Exercises
 #
@@ -302,11 +435,11 @@ assert torch.allclose(results[closest], orth_proj_pos(s_bar, adv, group)) and no
 print("✓ correct")
 
 # %% [markdown]
-# **Exercise 5.2 — the shrink factors.** Under the stop-gradient, DFPO's coefficient of every token
-# of completion $i$ is GSPO's multiplied by $\varphi_i = \tilde s_i/\bar s_i$ (eq. 59–62). Write
-# `my_shrink_factors(logp, old_logp, adv, transform)` that returns the $(G,)$ factors for a given
-# transform from the sequence weights alone (no coefficients). The check divides DFPO's actual
-# coefficients by GSPO's, for truncate-and-rebalance.
+# **Exercise 5.2 — the shrink factors.** Under the paper's estimator, DFPO's coefficient of every token
+# of completion $i$ is the eq. 86 control's multiplied by $\varphi_i = \tilde s_i/\bar s_i$ (eq. 59–62,
+# 86), clipped completions included. Write `my_shrink_factors(logp, old_logp, adv, transform)` that
+# returns the $(G,)$ factors for a given transform from the sequence weights alone (no coefficients).
+# The check divides DFPO's actual coefficients by the control's, for truncate-and-rebalance.
 
 
 # %%
@@ -322,6 +455,6 @@ def my_shrink_factors(
 coef_tr = token_coefficients(
     "dfpo", logp, old_logp, adv_t, mask, group, transform="truncate_rebalance", **clip02
 )
-expected = coef_tr[:, 0] / coef_gspo[:, 0]
+expected = coef_tr[:, 0] / coef_eq86[:, 0]
 assert torch.allclose(my_shrink_factors(logp, old_logp, adv_t, truncate_rebalance), expected, atol=1e-10)
 print("✓ correct")

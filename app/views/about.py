@@ -1,8 +1,10 @@
 """Page 6, About / glossary: what the project is, what each number means, where it comes from.
 
-The glossaries are ``cancellation.glossary.METRIC_DOCS`` and ``toymodel.glossary.ROW_DOCS`` (each key:
-meaning and paper equation); the objectives table lists every registered objective (a test checks it
-against ``cancellation.OBJECTIVES``); the tutorials are the jupytext ``.py`` notebooks found in
+The glossaries are ``cancellation.glossary.METRIC_DOCS``, ``METER_DOCS`` (the cancellation meters the toy
+and the trainer both log) and ``toymodel.glossary.ROW_DOCS`` (the other simulator rows), each key:
+meaning and paper equation; ``ESTIMATOR_DOCS`` says what each estimator of gspo/dfpo differentiates. The
+objectives table lists every registered objective (a test checks it against ``cancellation.OBJECTIVES``);
+the tutorials are the jupytext ``.py`` notebooks found in
 ``tutorials/`` at run time, each with the first line of its first markdown cell.
 """
 
@@ -14,7 +16,7 @@ from pathlib import Path
 import streamlit as st
 
 from app.common import page_header
-from cancellation.glossary import METRIC_DOCS
+from cancellation.glossary import ESTIMATOR_DOCS, METER_DOCS, METRIC_DOCS
 from toymodel.glossary import ROW_DOCS
 from toymodel.simulate import ROW_KEYS
 
@@ -40,14 +42,17 @@ OBJECTIVE_ROWS = [
         "per-token term (before aggregation)": (
             "min(s·A, clip(s)·A), s = exp(mean_t log r), broadcast to the sequence's tokens"
         ),
-        "paper": "DFPO eq. (42)–(44)",
-        "defaults": "ε = 3e-4 / 4e-4, seq-mean-token-mean; length_norm=False gives s = Π r (eq. 11)",
+        "paper": 'DFPO eq. (42)–(44); estimator="paper": eq. (86)',
+        "defaults": 'ε = 3e-4 / 4e-4, seq-mean-token-mean, estimator="ppo_clip"; length_norm=False gives '
+        "s = Π r (eq. 11)",
     },
     {
         "objective": "dfpo",
-        "per-token term (before aggregation)": "A·s̃, s̃ = transform(s̄), s̄ the sign-aware post-clip weight",
-        "paper": "DFPO eq. (47), (50), (18), (51), (52)–(55)",
-        "defaults": 'transform="min_replace", stop_grad=True, GSPO\'s ε',
+        "per-token term (before aggregation)": (
+            "value A·s̃, gradient s̃·A·∇log s (s̃ = transform(s̄) a constant, s̄ the sign-aware post-clip weight)"
+        ),
+        "paper": "DFPO eq. (16), (47), (50), (18), (51), (52)–(55), (68), (91)",
+        "defaults": 'transform="min_replace", estimator="paper", stop_grad=True, GSPO\'s ε',
     },
 ]
 
@@ -116,8 +121,10 @@ def tutorial_entries(folder: Path) -> list[tuple[str, str]]:
     return [(p.name, tutorial_description(p)) for p in files]
 
 
-def _glossary_table(keys: list[str], docs: dict[str, tuple[str, str]]) -> list[dict[str, str]]:
-    return [{"metric": k, "meaning": docs[k][0], "equation": docs[k][1]} for k in keys]
+def _glossary_table(
+    keys: list[str], docs: dict[str, tuple[str, str]], first: str = "metric"
+) -> list[dict[str, str]]:
+    return [{first: k, "meaning": docs[k][0], "equation": docs[k][1]} for k in keys]
 
 
 page_header(
@@ -147,7 +154,7 @@ on these pages is computed by those two packages.
 | Shared prefix | Why does sequence coupling leave a net gradient on a shared prefix (App. A.2, eq. 38)? |
 | Clipping asymmetry | When does GRPO's clipping stop shared tokens from cancelling, and does GRPO-fix restore it (App. F/H)? |
 | Group transforms | What do DFPO's transforms do to a group's weights, and do they reach Σ Â s̃ = 0 (App. B)? |
-| Training lab | How do the objectives compare in training: reward, entropy, learning tax, residuals? |
+| Training lab | How do the objectives compare in training: reward, entropy, learning tax, residuals? GSPO vs the eq. (86) control vs DFPO tells the estimator's effect from the transform's. |
 | Low-probability tokens | Why do low-probability tokens dominate the gradient, and what does Advantage Reweighting change? |
 | Runs | Did the language-model runs of `scaledrun` learn, and did their shared-token gradients cancel? |
 """
@@ -161,6 +168,11 @@ st.caption(
 st.table(OBJECTIVE_ROWS, hide_index=True)
 st.markdown("DFPO's group transforms (`dfpo`'s `transform=`), each applied per group with a stop-gradient:")
 st.table(TRANSFORM_ROWS, hide_index=True)
+st.markdown(
+    "What is differentiated (`estimator=`, `stop_grad=`). GSPO → the eq. (86) control is what the paper's "
+    "estimator does, the control → DFPO what the transform does:"
+)
+st.table(_glossary_table(list(ESTIMATOR_DOCS), ESTIMATOR_DOCS, "estimator"), hide_index=True)
 
 st.header("Glossary")
 st.subheader("Objective metrics")
@@ -170,12 +182,18 @@ st.caption(
 )
 metric_keys = [k for k in ROW_KEYS if k in METRIC_DOCS] + [k for k in METRIC_DOCS if k not in ROW_KEYS]
 st.table(_glossary_table(metric_keys, METRIC_DOCS), hide_index=True)
+st.subheader("Cancellation meters")
+st.caption(
+    "`cancellation.update.CancellationMeter`: the toy's rows and the trainer's metrics.jsonl carry the same "
+    "keys, read from the coefficients ∂J/∂logp that each optimiser step of the step applied."
+)
+st.table(_glossary_table(list(METER_DOCS), METER_DOCS), hide_index=True)
 st.subheader("Simulator rows")
 st.caption(
-    "One row per step of `toymodel.simulate` (plus the metrics above). "
+    "One row per step of `toymodel.simulate` (plus the metrics and meters above). "
     "'002' is the cancellation-hypothesis (batching) paper."
 )
-row_keys = [k for k in ROW_KEYS if k in ROW_DOCS]
+row_keys = [k for k in ROW_KEYS if k in ROW_DOCS and k not in METER_DOCS]
 st.table(_glossary_table(row_keys, ROW_DOCS), hide_index=True)
 
 st.header("Tutorials")

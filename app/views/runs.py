@@ -4,7 +4,9 @@ Pick a folder that holds run folders (each written by ``python -m scaledrun.trai
 and a ``config.yaml``), then one or more runs. The curves are ``app.figures.curve_figure`` with
 ``{run label: [rows]}`` (one run per label, so no seed band), on the same row keys as the toy's training
 lab where they exist (``scaledrun.train.STEP_KEYS``); the table compares the runs side by side with
-``cancellation.diagnostics.steps_to_threshold`` and ``jitter2`` (DFPO Table 2, eq. 20).
+``cancellation.diagnostics.steps_to_threshold`` and ``jitter2`` (DFPO Table 2, eq. 20). The cancellation
+meters (``cancellation.update.RESIDUAL_KEYS``) are drawn beside the other curves; the energy and
+token-flip diagnostics, which the trainer measures on one mini-batch of each step, get their own section.
 
 The folder input's default is the environment variable ``CANCELLATION_RUNS_DIR`` when set (the browser
 test points it at a fixture run), else ``runs/`` (the trainer's default ``output_dir`` is ``runs/tiny``).
@@ -36,6 +38,7 @@ RUN_CURVES: dict[str, tuple[str, str]] = {
     "eval/greedy_accuracy": ("Held-out greedy accuracy", "evaluation every eval_every steps"),
     "shared_residual": CURVE_TITLES["shared_residual"],
     "group_shared_residual": CURVE_TITLES["group_shared_residual"],
+    "sequence_net_residual": CURVE_TITLES["sequence_net_residual"],
     "asym": CURVE_TITLES["asym"],
     "clip/low_frac": CURVE_TITLES["clip/low_frac"],
     "clip/high_frac": CURVE_TITLES["clip/high_frac"],
@@ -43,6 +46,34 @@ RUN_CURVES: dict[str, tuple[str, str]] = {
     "kl": ("KL to the reference (k3)", "only when β > 0"),
     "completion_length": ("Completion length (tokens)", "mean per completion"),
 }
+
+#: the trainer's diagnostics measured on one mini-batch per step (``scaledrun.train``): key → (title, reference)
+DIAGNOSTIC_CURVES: dict[str, tuple[str, str]] = {
+    "energy/bucket_0": ("Energy share, most frequent tokens (first mini-batch)", "DFPO eq. (24)"),
+    "energy/bucket_1": ("Energy share, middle-frequency tokens (first mini-batch)", "DFPO eq. (24)"),
+    "energy/bucket_2": ("Energy share, rarest tokens (first mini-batch)", "DFPO eq. (24)"),
+    "flip/rate": ("Token-flip rate against the advantage's sign (last mini-batch)", "002 App. C eq. (16)"),
+}
+#: every key the page can draw
+ALL_CURVES = {**RUN_CURVES, **DIAGNOSTIC_CURVES}
+
+#: why DFPO's token-level residuals need not be 0 while its sequence-net residual is
+RESIDUAL_NOTE = (
+    "Cancellation meters: Σ|net| / Σ gross of the coefficients ∂J/∂logp that the step's optimiser steps "
+    "applied. Under DFPO the token-level residuals (shared, group-shared) can be non-zero when a group's "
+    "completions differ in length: GSPO's length normalisation α = 1/|y_i| gives every token of completion "
+    "i the coefficient s̃_i·Â_i/|y_i|, so a token that completions of different lengths share gets unequal "
+    "coefficients and Σ_i s̃_i·Â_i/|y_i| ≠ 0, although Σ_i s̃_i·Â_i = 0. The sequence-net residual sums "
+    "each completion's coefficients first (c_i = Σ_t ∂J/∂logp_{i,t} = s̃_i·Â_i/B) and is 0 under DFPO "
+    "with any transform; under GRPO's token-mean with unequal lengths it is not."
+)
+DIAGNOSTICS_NOTE = (
+    "Measured on one mini-batch per step, not on the whole step: energy/bucket_k (eq. 24, the output-layer "
+    "proxy |coef|·‖e_y − π‖·‖h‖, buckets by token frequency, 0 = most frequent) on the first mini-batch of "
+    "each step (it needs that mini-batch's (B, T, V) probabilities; NaN when they would be too large); "
+    "the token-flip rate (002 App. C) on the last mini-batch only, comparing its log-probs before and after "
+    "its own update."
+)
 
 
 class RunError(ValueError):
@@ -121,7 +152,7 @@ def moving_mean(rows: list[dict[str, float]], window: int) -> list[dict[str, flo
     for i, r in enumerate(rows):
         recent = rows[max(0, i - window + 1) : i + 1]
         new = dict(r)
-        for k in RUN_CURVES:
+        for k in ALL_CURVES:
             vals = [x[k] for x in recent if k in x and math.isfinite(x[k])]
             if k in r:
                 new[k] = sum(vals) / len(vals) if vals and math.isfinite(r[k]) else math.nan
@@ -222,15 +253,27 @@ st.caption(
 
 st.subheader(f"Curves (trailing mean over {window} steps)")
 smoothed = {label: moving_mean(rows, int(window)) for label, (rows, _) in runs.items()}
-cols = st.columns(2)
-shown = [k for k in RUN_CURVES if any(curve(r, k)[0] for r, _ in runs.values())]
-for i, key in enumerate(shown):
-    title, ref = RUN_CURVES[key]
-    # only the rows that have the key: sparse keys (eval every N steps) then draw as connected lines
-    with_key = {
-        lbl: [[r for r in rows if math.isfinite(r.get(key, math.nan))]] for lbl, rows in smoothed.items()
-    }
-    cols[i % 2].plotly_chart(curve_figure(with_key, key, title=f"{title} · {ref}"), key=f"curve_{key}")
-missing = [k for k in RUN_CURVES if k not in shown]
+
+
+def draw(curves: dict[str, tuple[str, str]]) -> list[str]:
+    """Two columns of curve figures, one per key with a finite value in some run; returns the keys drawn."""
+    cols = st.columns(2)
+    shown = [k for k in curves if any(curve(r, k)[0] for r, _ in runs.values())]
+    for i, key in enumerate(shown):
+        title, ref = curves[key]
+        # only the rows that have the key: sparse keys (eval every N steps) then draw as connected lines
+        with_key = {
+            lbl: [[r for r in rows if math.isfinite(r.get(key, math.nan))]] for lbl, rows in smoothed.items()
+        }
+        cols[i % 2].plotly_chart(curve_figure(with_key, key, title=f"{title} · {ref}"), key=f"curve_{key}")
+    return shown
+
+
+shown = draw(RUN_CURVES)
+st.caption(RESIDUAL_NOTE)
+st.subheader("Diagnostics on one mini-batch per step")
+st.caption(DIAGNOSTICS_NOTE)
+shown += draw(DIAGNOSTIC_CURVES)
+missing = [k for k in ALL_CURVES if k not in shown]
 if missing:
     st.caption(f"Not drawn (no finite value in these runs): {', '.join(missing)}.")

@@ -5,6 +5,12 @@ the exact toy policies with ratios ρ1, ρ2 on the shared steps and λ1, λ2 on 
 (``toymodel.scenarios.shared_prefix_policies``), gets every token's ∂J/∂logp by autograd
 (``cancellation.diagnostics.token_coefficients``) and sets the net on the shared prefix next to the
 paper's closed form (``toymodel.theory.shared_prefix_closed_form``).
+
+DFPO runs under the paper's stop-gradient estimator (its default: every trajectory, clipped or not,
+gets s̃_i·Â_i on ∇log s_i); two more rows separate what the estimator does from what the transform
+does: GSPO under the same estimator (eq. 86, no transform) and DFPO's trust-region variant
+(``estimator="ppo_clip"``, not in the paper), where a clipped trajectory drops out. When a sequence
+clip binds, the table labels a ``ppo_clip`` row's equation "eq. (72), clipped term dropped".
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import streamlit as st
 from app.common import page_header, user_errors
 from app.theory_figures import ZERO_TOL, coefficient_bars, fmt_number
 from toymodel.scenarios import shared_prefix_coefficients, shared_prefix_net, shared_prefix_policies
-from toymodel.theory import shared_prefix_closed_form
+from toymodel.theory import SP_LENGTH, carries_gradient, shared_prefix_closed_form
 
 #: the objectives the page offers: label -> (registered objective, fixed params); ε is added per objective
 OBJECTIVES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -24,11 +30,18 @@ OBJECTIVES: dict[str, tuple[str, dict[str, Any]]] = {
     "GRPO-fix": ("grpo_symclip", {}),
     "GSPO": ("gspo", {}),
     "GSPO (Π r, eq. 11)": ("gspo", {"length_norm": False}),
+    "GSPO (paper estimator, eq. 86)": ("gspo", {"estimator": "paper"}),
     "DFPO min_replace": ("dfpo", {"transform": "min_replace"}),
     "DFPO orth_proj": ("dfpo", {"transform": "orth_proj"}),
     "DFPO orth_proj_pos": ("dfpo", {"transform": "orth_proj_pos"}),
     "DFPO truncate_rebalance": ("dfpo", {"transform": "truncate_rebalance"}),
+    "DFPO min_replace (ppo_clip, trust region)": (
+        "dfpo",
+        {"transform": "min_replace", "estimator": "ppo_clip"},
+    ),
 }
+#: the label whose equation says that a clipped trajectory dropped out (DFPO's, from toymodel.theory)
+CLIPPED_EQUATION = "eq. (72), clipped term dropped"
 STEPS = ("t=1 'answer'", "t=2 'is'", "t=3 '25' / '20'")
 
 
@@ -37,6 +50,30 @@ def objective_call(label: str, eps: float) -> tuple[str, dict[str, Any]]:
     name, fixed = OBJECTIVES[label]
     clip = {"epsilon": eps} if name == "grpo_symclip" else {"epsilon_low": eps, "epsilon_high": eps}
     return name, {**fixed, **clip}
+
+
+def clip_binds(label: str, rho1: float, rho2: float, lam1: float, lam2: float, a: float, eps: float) -> bool:
+    """Whether a sequence clip silences a trajectory of a sequence-level ``ppo_clip`` row (eq. 47-49).
+
+    GSPO's and DFPO's ``ppo_clip`` estimator: τ1 (Â = −A) or τ2 (Â = +A) has its sequence weight s_i
+    (eq. 44, or Π r for ``length_norm=False``) past the bound that its advantage's sign selects
+    (``toymodel.theory.carries_gradient``). False for the token-level objectives and the paper's
+    estimator, where no trajectory drops out.
+    """
+    name, params = objective_call(label, eps)
+    if (
+        name not in ("gspo", "dfpo")
+        or params.get("estimator", "ppo_clip" if name == "gspo" else "paper") == "paper"
+    ):
+        return False
+    t = 1 if params.get("length_norm") is False else SP_LENGTH
+    s = [(rho1 * rho2 * lam) ** (1.0 / t) for lam in (lam1, lam2)]
+    return not all(carries_gradient(w, adv, eps, eps) for w, adv in zip(s, (-a, a), strict=True))
+
+
+def equation_label(label: str, equation: str, clipped: bool) -> str:
+    """The closed form's equation, or ``CLIPPED_EQUATION`` when a ``ppo_clip`` row's clip binds."""
+    return CLIPPED_EQUATION if clipped and "clipped" not in equation else equation
 
 
 @st.cache_data(show_spinner=False, max_entries=256)
@@ -53,7 +90,8 @@ def net_and_closed_form(label: str, rho1: float, rho2: float, lam1: float, lam2:
     name, params = objective_call(label, eps)
     net1, net2 = shared_prefix_net(name, rho1, rho2, lam1, lam2, advantage=a, **params)
     cf = shared_prefix_closed_form(name, rho1, rho2, lam1, lam2, advantage=a, **params)
-    return net1, net2, cf.value, cf.equation, cf.why
+    clipped = clip_binds(label, rho1, rho2, lam1, lam2, a, eps)
+    return net1, net2, cf.value, equation_label(label, cf.equation, clipped), cf.why
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
@@ -96,7 +134,11 @@ with st.sidebar:
     st.caption("Reachable: 0.3·(λ1 + λ2) < 1 (π_old('25') = π_old('20') = 0.3, '30' keeps the rest).")
     a = st.slider("A (advantage magnitude, Â = ∓A)", 0.1, 3.0, 1.0, 0.1, key="A")
     eps = st.slider("ε (clip range)", 0.0, 0.95, 0.2, 0.01, key="eps")
-    st.caption("GRPO: ε_low = ε_high = ε · GRPO-fix: clip(r, 0, 1 + ε) · GSPO, DFPO: [1 − ε, 1 + ε].")
+    st.caption(
+        "GRPO: ε_low = ε_high = ε · GRPO-fix: clip(r, 0, 1 + ε) · GSPO, DFPO: [1 − ε, 1 + ε]. DFPO uses "
+        "the paper's estimator (every trajectory keeps s̃_i·Â_i on ∇log s_i, clipped or not) unless the "
+        "label says ppo_clip; 'GSPO (paper estimator, eq. 86)' is GSPO's s̄ under that estimator."
+    )
     label = st.selectbox("Objective", list(OBJECTIVES), index=2, key="objective")
 
 try:
@@ -138,6 +180,9 @@ if any(abs(r - b) < 1e-9 for r in (rho1, rho2) for b in boundaries):
 st.subheader("Where each objective cancels")
 st.caption(
     "Net coefficient on the two shared steps for every objective at the current sliders; 'yes' when both "
-    f"are 0 (|net| < {ZERO_TOL:g})."
+    f"are 0 (|net| < {ZERO_TOL:g}). With λ2 = 1.9 at the other defaults τ2's "
+    "sequence ratio (1.23) passes 1 + ε and its clip binds: DFPO under the paper's estimator still cancels, "
+    "its ppo_clip variant and GSPO drop the clipped trajectory ('eq. (72), clipped term dropped'), and the "
+    "eq. (86) control keeps it but not the balance Σ Â s̄ = 0."
 )
 st.dataframe(table, hide_index=True, key="cancel_table")

@@ -3,12 +3,19 @@
 Every (variant, seed) run is one ``toymodel.simulate`` call behind ``st.cache_data``, so changing one
 input recomputes only the runs it affects (adding an objective runs only that objective). The curves
 are ``app.figures.curve_figure`` (mean over seeds, ±1 sample-std band) and the summary table is
-``toymodel.compare.summarize_variant`` per variant. Incompatible choices (dfpo with Advantage
-Reweighting or Lopti, more mini-batches than groups) show the library's own error message.
+``toymodel.compare.summarize_variant`` per variant (plus the cancellation meters it lacks, averaged the
+same way). Incompatible choices (dfpo or gspo's paper estimator with Advantage Reweighting or Lopti,
+more mini-batches than groups) show the library's own error message.
+
+The first screen compares GSPO, the eq. (86) control (GSPO's weight under the paper's estimator, no
+transform) and DFPO Min-Replace on ``template_task``: GSPO against the control isolates what the
+estimator does, the control against DFPO what the transform does (the public review's question).
 """
 
 from __future__ import annotations
 
+import math
+import statistics
 from typing import Any
 
 import pandas as pd
@@ -18,26 +25,86 @@ from app.common import page_header, user_errors
 from app.figures import CURVE_TITLES, curve_figure
 from cancellation import TRANSFORMS
 from cancellation.batching import SPLIT_MODES
+from cancellation.glossary import METER_DOCS
+from cancellation.update import RESIDUAL_KEYS
 from toymodel import SCENARIOS, simulate
 from toymodel.compare import COLUMNS, VARIANTS, summarize_variant
 from toymodel.simulate import DEFAULT_LR, OPTIMIZERS
 
-#: the objectives to pick from: ``toymodel.compare.VARIANTS`` plus a DFPO variant for every transform
-#: of ``cancellation.TRANSFORMS`` that it lacks (at GSPO's clip range and at ε = 0.2, as VARIANTS does)
-PAGE_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = dict(VARIANTS)
-for _name in TRANSFORMS:
-    PAGE_VARIANTS.setdefault(f"dfpo {_name}", ("dfpo", {"transform": _name}))
-for _name in TRANSFORMS:
-    PAGE_VARIANTS.setdefault(
-        f"dfpo {_name} ε=0.2", ("dfpo", {"transform": _name, "epsilon_low": 0.2, "epsilon_high": 0.2})
-    )
+E02 = {"epsilon_low": 0.2, "epsilon_high": 0.2}
 
-DEFAULT_VARIANTS = ["grpo", "gspo", "dfpo min_replace"]
+#: the calls this page names itself (its labels say which estimator runs): GSPO under the paper's
+#: estimator (eq. 86, the control that tells the transform's effect from the estimator's) and DFPO's
+#: trust-region variant (``estimator="ppo_clip"``, not in the paper) for every transform
+PAGE_NAMED: dict[str, tuple[str, dict[str, Any]]] = {
+    "gspo (paper estimator, eq. 86)": ("gspo", {"estimator": "paper"}),
+    "gspo (paper estimator, eq. 86) ε=0.2": ("gspo", {"estimator": "paper", **E02}),
+    **{
+        f"dfpo {name} (ppo_clip, trust region)": ("dfpo", {"transform": name, "estimator": "ppo_clip"})
+        for name in TRANSFORMS
+    },
+}
+
+
+def _page_variants() -> dict[str, tuple[str, dict[str, Any]]]:
+    """``toymodel.compare.VARIANTS`` (under this page's label where ``PAGE_NAMED`` names the same call),
+    then a DFPO variant for every transform of ``cancellation.TRANSFORMS`` that it lacks (at GSPO's clip
+    range and at ε = 0.2, as VARIANTS does), then the rest of ``PAGE_NAMED``; one label per call."""
+    named = {(obj, tuple(sorted(p.items()))): label for label, (obj, p) in PAGE_NAMED.items()}
+    out: dict[str, tuple[str, dict[str, Any]]] = {}
+
+    def add(label: str, objective: str, params: dict[str, Any]) -> None:
+        if (objective, params) not in out.values():
+            out.setdefault(named.get((objective, tuple(sorted(params.items()))), label), (objective, params))
+
+    for label, (objective, params) in VARIANTS.items():
+        add(label, objective, params)
+    for name in TRANSFORMS:
+        add(f"dfpo {name}", "dfpo", {"transform": name})
+    for name in TRANSFORMS:
+        add(f"dfpo {name} ε=0.2", "dfpo", {"transform": name, **E02})
+    for label, (objective, params) in PAGE_NAMED.items():
+        add(label, objective, params)
+    return out
+
+
+#: the objectives to pick from (``_page_variants``)
+PAGE_VARIANTS = _page_variants()
+
+
+def label_of(objective: str, params: dict[str, Any]) -> str:
+    """The page label of a call."""
+    return next(k for k, v in PAGE_VARIANTS.items() if v == (objective, params))
+
+
+#: the three runs the first screen compares: GSPO, the eq. (86) control, DFPO Min-Replace
+GSPO_LABEL = label_of("gspo", {})
+EQ86_LABEL = label_of("gspo", {"estimator": "paper"})
+DFPO_LABEL = label_of("dfpo", {"transform": "min_replace"})
+DEFAULT_VARIANTS = [GSPO_LABEL, EQ86_LABEL, DFPO_LABEL]
+DEFAULT_SCENARIO = "template_task"
+DEFAULT_THRESHOLD = 0.9
+#: the other inputs' defaults, as ``simulate`` arguments (the sidebar's widgets start from them)
+DEFAULT_COMMON: dict[str, Any] = {
+    "group_size": 8,
+    "lr": DEFAULT_LR["sgd"],
+    "optimizer": "sgd",
+    "inner_epochs": 4,
+    "num_groups": 1,
+    "num_minibatches": 1,
+    "batching": "query",
+    "reward_balanced_rho": None,
+    "lopti_eta": None,
+    "ar_alpha": None,
+}
 
 #: the metrics drawn as curves (row keys of ``toymodel.simulate``)
 CURVES = tuple(CURVE_TITLES)
 
-#: summary-table column titles for ``toymodel.compare.COLUMNS``
+#: the cancellation meters that ``summarize_variant`` does not summarise (each seed's mean over steps)
+EXTRA_COLUMNS = tuple(k for k in RESIDUAL_KEYS if k not in COLUMNS)
+
+#: summary-table column titles for ``toymodel.compare.COLUMNS`` and ``EXTRA_COLUMNS``
 HEADS = {
     "expected_reward": "E[R] final",
     "equiv_entropy": "equiv. entropy",
@@ -46,9 +113,26 @@ HEADS = {
     "template_kl_at_threshold": "template KL at threshold",
     "shared_residual": "shared residual",
     "group_shared_residual": "group-shared residual",
+    "sequence_net_residual": "sequence-net residual",
     "steps_to_threshold": "steps to threshold",
     "jitter2": "Jitter₂ E[R]",
 }
+
+#: what 10 seeds × 150 steps of the three default runs measured (the page's other defaults): GSPO,
+#: the eq. (86) control, DFPO Min-Replace. ``tests/app/test_training_lab.py`` re-measures them (slow test)
+MEASURED_10_SEEDS = (
+    "At these defaults with 10 seeds × 150 steps, GSPO needs 79 steps to reach E[R] ≥ 0.9, the eq. (86) "
+    "control 21 and DFPO Min-Replace 21; group-shared residual 0.143 / 0.0003 / 0.000; template KL at the "
+    "threshold 0.012 / 0.054 / 0.048 (DFPO − control, paired over seeds: −0.006 ± 0.007 s.e.). So DFPO's "
+    "speed, and the larger learning tax that comes with it, are the estimator's doing (it keeps the "
+    "gradients of the sequences GSPO's clip silences); the transform's own measurable effect here is the "
+    "last 0.0003 of group-shared residual."
+)
+
+
+def head(column: str) -> str:
+    """The table title of a summary column (its key with spaces for a column this page does not know)."""
+    return HEADS.get(column, column.replace("_", " "))
 
 
 @st.cache_data(show_spinner=False, max_entries=1024)
@@ -83,18 +167,52 @@ def _default_lr() -> None:
     st.session_state["lr"] = DEFAULT_LR[st.session_state["optimizer"]]
 
 
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample std of the finite values (NaN, NaN without one; std 0 with one)."""
+    xs = [v for v in values if math.isfinite(v)]
+    if not xs:
+        return math.nan, math.nan
+    return statistics.mean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+
+
+def meter_summary(runs: list[list[dict[str, float]]], key: str) -> tuple[float, float]:
+    """Mean and std over seeds of each seed's mean of ``key`` over the steps that had one.
+
+    As ``summarize_variant`` does for the residuals it knows; a row without the key counts as NaN.
+    """
+    return _mean_std([_mean_std([r.get(key, math.nan) for r in rows])[0] for rows in runs])
+
+
 def summary_table(runs_by_label: dict[str, list[list[dict[str, float]]]], threshold: float) -> pd.DataFrame:
-    """``summarize_variant`` per variant: one row each, every column's mean and its seed std."""
+    """``summarize_variant`` per variant (and ``meter_summary`` of ``EXTRA_COLUMNS``): every mean and std."""
     rows = []
     for label, runs in runs_by_label.items():
         s = summarize_variant(runs, threshold)
+        for key in EXTRA_COLUMNS:
+            s[key], s[f"{key}_std"] = meter_summary(runs, key)
         row: dict[str, Any] = {"variant": label}
-        for c in COLUMNS:
-            row[HEADS[c]] = s[c]
-            row[f"{HEADS[c]} ±std"] = s[f"{c}_std"]
+        for c in (*COLUMNS, *EXTRA_COLUMNS):
+            row[head(c)] = s[c]
+            row[f"{head(c)} ±std"] = s[f"{c}_std"]
         row["reached threshold"] = s["reached_frac"]
         rows.append(row)
     return pd.DataFrame(rows).set_index("variant")
+
+
+def comparison_text(table: pd.DataFrame, seeds: int, threshold: float) -> str:
+    """One sentence: GSPO, the eq. (86) control and DFPO Min-Replace side by side, from ``table``."""
+    picked = [GSPO_LABEL, EQ86_LABEL, DFPO_LABEL]
+
+    def triple(column: str, fmt: str) -> str:
+        return " / ".join("n/a" if math.isnan(v) else format(v, fmt) for v in table.loc[picked, head(column)])
+
+    return (
+        f"**GSPO / eq. (86) control / DFPO Min-Replace** on this screen ({seeds} seed"
+        f"{'s' if seeds > 1 else ''}): steps to E[R] ≥ {threshold:g} {triple('steps_to_threshold', '.1f')}; "
+        f"group-shared residual {triple('group_shared_residual', '.4f')}; template KL at the threshold "
+        f"{triple('template_kl_at_threshold', '.3f')}. GSPO → control is what the paper's estimator does "
+        "(it keeps the gradients of clipped sequences), control → DFPO what the transform does."
+    )
 
 
 page_header(
@@ -104,27 +222,34 @@ page_header(
     r"\frac{1}{G}\sum_{i=1}^{G}\hat A_i\,\tilde s_i\,\nabla_\theta \log\pi_\theta(a^\star\mid h^\star) = 0"
     r"\quad\text{(2)},\qquad \mathrm{Asym} = \mathrm{Var}_i(w_i\hat A_i)\quad\text{(23)}",
     "DFPO eq. (2) (cancellation condition on an event every completion shares), eq. (20) Jitter₂, "
-    "eq. (23) Asym, Table 2 steps-to-threshold; batching and Lopti/AR: 002 Sec. 4 and the Lopti notes.",
+    "eq. (23) Asym, Table 2 steps-to-threshold, eq. (68)/(91) DFPO's estimator and eq. (86) its control; "
+    "batching and Lopti/AR: 002 Sec. 4 and the Lopti notes.",
 )
 
 with st.sidebar:
     st.header("Run")
     scenario = st.selectbox(
-        "Scenario", list(SCENARIOS), index=list(SCENARIOS).index("equivalent_solutions"), key="scenario"
+        "Scenario", list(SCENARIOS), index=list(SCENARIOS).index(DEFAULT_SCENARIO), key="scenario"
     )
     variants = st.multiselect(
         "Objectives to compare", list(PAGE_VARIANTS), default=DEFAULT_VARIANTS, key="variants",
         help="toymodel.compare.VARIANTS plus a DFPO variant per transform. GSPO/DFPO use GSPO's clip "
-        "range (3e-4 / 4e-4) unless the label says ε=0.2.",
+        "range (3e-4 / 4e-4) unless the label says ε=0.2. DFPO uses the paper's estimator (every "
+        "sequence, clipped or not, gets s̃·Â on ∇log s); '(ppo_clip, trust region)' is the variant that "
+        "silences clipped sequences (not in the paper); 'gspo (paper estimator, eq. 86)' is GSPO's s̄ "
+        "under the paper's estimator with no transform: the control that tells the transform's effect "
+        "from the estimator's.",
     )  # fmt: skip
-    G = st.slider("Group size G", 1, 32, 8, key="G")
+    G = st.slider("Group size G", 1, 32, DEFAULT_COMMON["group_size"], key="G")
     optimizer = st.selectbox("Optimizer", OPTIMIZERS, key="optimizer", on_change=_default_lr)
-    st.session_state.setdefault("lr", DEFAULT_LR["sgd"])  # the widget reads (and the optimizer resets) it
+    st.session_state.setdefault("lr", DEFAULT_COMMON["lr"])  # the widget reads (and the optimizer resets) it
     lr = st.number_input(
         "Learning rate", min_value=1e-4, max_value=100.0, step=0.05,
         format="%.4f", key="lr", help=f"Defaults: {DEFAULT_LR} (changing the optimizer resets it).",
     )  # fmt: skip
-    inner = st.slider("Inner epochs (PPO epochs per batch)", 1, 16, 4, key="inner")
+    inner = st.slider(
+        "Inner epochs (PPO epochs per batch)", 1, 16, DEFAULT_COMMON["inner_epochs"], key="inner"
+    )
     steps = st.number_input("Steps", min_value=1, max_value=2000, value=100, step=10, key="steps")
     seeds = st.slider("Seeds", 1, 20, 3, key="seeds")
     st.header("Batching")
@@ -143,7 +268,7 @@ with st.sidebar:
     alpha = st.slider("AR α", 0.0, 1.0, 0.2, key="alpha", disabled=not ar_on)
     st.header("Summary")
     threshold = st.number_input(
-        "Reward threshold", min_value=0.0, max_value=1.0, value=0.9, step=0.05, key="threshold"
+        "Reward threshold", min_value=0.0, max_value=1.0, value=DEFAULT_THRESHOLD, step=0.05, key="threshold"
     )
 
 sc = SCENARIOS[scenario]
@@ -196,16 +321,23 @@ with user_errors():
     finally:
         bar.empty()
 
+table = summary_table(runs_by_label, float(threshold))
+if {GSPO_LABEL, EQ86_LABEL, DFPO_LABEL} <= set(table.index):
+    st.markdown(comparison_text(table, int(seeds), float(threshold)))
+    at_defaults = {k: v for k, v in common.items() if k != "steps"} == DEFAULT_COMMON
+    if scenario == DEFAULT_SCENARIO and at_defaults and float(threshold) == DEFAULT_THRESHOLD:
+        st.caption(MEASURED_10_SEEDS)
+
 st.subheader("Curves (mean over seeds, band ±1 std)")
 cols = st.columns(2)
 for i, metric in enumerate(CURVES):
     cols[i % 2].plotly_chart(curve_figure(runs_by_label, metric), key=f"curve_{metric}")
 
 st.caption(
-    "Coinciding curves hide each other: with GSPO's own clip range (3e-4 / 4e-4) nearly every sequence is "
-    "clipped after the first inner step, so GSPO and DFPO are (almost) the same run; the ε=0.2 variants "
-    "separate them. A metric without a value (e.g. the group-shared residual when no event is shared by the "
-    "whole group, or the objective's metrics on steps that made no update) leaves a gap."
+    "A metric without a value (e.g. the group-shared residual when no event is shared by the whole "
+    "group, or the objective's metrics on steps that made no update) leaves a gap; coinciding curves "
+    "hide each other. "
+    f"**Sequence-net residual**: {METER_DOCS['sequence_net_residual'][0]} (About page: glossary)"
 )
 
 st.subheader("Summary over seeds")
@@ -214,7 +346,6 @@ st.caption(
     "until E[R] ≥ threshold and the template KL paid by then (Table 2; seeds that never reach it are "
     "left out, see 'reached threshold'); residuals are each seed's mean over the steps that had one."
 )
-table = summary_table(runs_by_label, float(threshold))
 st.dataframe(
     table,
     key="summary",
@@ -222,7 +353,11 @@ st.dataframe(
         c: st.column_config.NumberColumn(
             format="percent"
             if c == "reached threshold"
-            else ("%.1f" if c.startswith("steps") else ("%.5f" if c.startswith("Jitter") else "%.3f"))
+            else (
+                "%.1f"
+                if c.startswith("steps")
+                else ("%.5f" if c.startswith("Jitter") else ("%.4f" if "residual" in c else "%.3f"))
+            )
         )
         for c in table.columns
     },

@@ -8,6 +8,13 @@ before and after, and for G = 2 or 3 a picture of the projection in weight space
 
 Asym is ``cancellation.objectives.group_asym`` (the function behind every objective's ``asym`` metric):
 "before" with GSPO's trajectory weight s̄, "after" with each transform's s̃.
+
+Σ Â s̃ = 0 reaches the gradient only under DFPO's paper estimator, where every completion, clipped or
+not, keeps the coefficient s̃_i·Â_i on ∇log s_i. The page shows the net coefficient that a token every
+completion shares gets, from ``cancellation.diagnostics.token_coefficients`` of the real objectives
+(``gspo``/``dfpo``) on a one-token-per-completion batch whose sequence ratios are the table's s, under
+both estimators: ``paper`` (DFPO's default; for ``gspo`` the eq. 86 control) and ``ppo_clip`` (GSPO's
+own; DFPO's trust-region variant, not in the paper), where a clipped completion drops out.
 """
 
 from __future__ import annotations
@@ -22,7 +29,8 @@ from app.common import page_header, user_errors
 from app.figures import weight_space_figure
 from cancellation import TRANSFORMS, group_advantages
 from cancellation.advantages import SCALES
-from cancellation.objectives import group_asym, sign_aware_clip
+from cancellation.diagnostics import token_coefficients
+from cancellation.objectives import ESTIMATORS, group_asym, sign_aware_clip
 
 #: the group shown at first: G = 4, two correct and two wrong completions
 DEFAULT_GROUP = pd.DataFrame({"reward": [1.0, 0.0, 1.0, 0.0], "s": [1.3, 0.9, 1.05, 0.7]})
@@ -89,7 +97,50 @@ def group_results(
         "sums": {k: float(adv @ v) for k, v in s_tilde.items()},
         "asym_before": float(group_asym(s_bar, adv, group)),
         "asym_after": {k: float(group_asym(v, adv, group)) for k, v in s_tilde.items()},
+        # the sign-aware clip binds (eq. 47): s̄ ≠ s on a completion that carries an advantage
+        "clipped": [
+            bool(b != w and x != 0) for b, w, x in zip(s_bar.tolist(), weights, adv.tolist(), strict=True)
+        ],
+        "nets": shared_token_nets(weights, adv, eps_low, eps_high),
     }
+
+
+def shared_token_nets(
+    weights: list[float], adv: torch.Tensor, eps_low: float, eps_high: float
+) -> dict[str, dict[str, float]]:
+    """{estimator: {"GSPO (no transform)" or transform: G·Σ_i ∂J/∂logp_i}} from the real objectives.
+
+    The batch has one token per completion with log-ratio log s_i (so the sequence ratio is the table's
+    s_i), one group, the objectives' own aggregation (``seq-mean-token-mean``): ∂J/∂logp_i is then the
+    coefficient of ∇log s_i divided by G, and G·Σ_i of it is what a token every completion (of equal
+    length T) shares gets, times G·T. Paper estimator: Σ_i Â_i s̃_i (s̄_i for gspo: eq. 86); ppo_clip:
+    the same sum over the completions whose clip does not bind. ``truncate_rebalance`` runs at dfpo's
+    own floor (1e-6).
+    """
+    g = len(weights)
+    old = torch.zeros(g, 1, dtype=torch.float64)
+    logp = torch.tensor(weights, dtype=torch.float64).log()[:, None]
+    mask, group = torch.ones(g, 1), torch.zeros(g, dtype=torch.long)
+    clip = {"epsilon_low": eps_low, "epsilon_high": eps_high}
+    out: dict[str, dict[str, float]] = {}
+    for est in ESTIMATORS:
+        calls = {
+            "GSPO (no transform)": ("gspo", {}),
+            **{name: ("dfpo", {"transform": name}) for name in TRANSFORMS},
+        }
+        out[est] = {
+            label: g
+            * float(token_coefficients(obj, logp, old, adv, mask, group, estimator=est, **clip, **p).sum())
+            for label, (obj, p) in calls.items()
+        }
+    return out
+
+
+#: row titles of the shared-token table, per estimator
+ESTIMATOR_ROWS = {
+    "paper": "paper estimator (DFPO's default; GSPO: the eq. 86 control)",
+    "ppo_clip": "ppo_clip (GSPO's own; DFPO's trust-region variant, not in the paper)",
+}
 
 
 def _fmt(x: float) -> str:
@@ -163,20 +214,36 @@ table = pd.DataFrame(
         "s": weights,
         "Â": res["adv"].tolist(),
         "s̄ (eq. 47)": res["s_bar"].tolist(),
+        "clip binds": ["yes" if c else "no" for c in res["clipped"]],
         **{f"s̃ {k}": v.tolist() for k, v in res["s_tilde"].items()},
     },
     index=pd.Index(range(1, G + 1), name="i"),
 )
 st.subheader("Advantages, post-clip weights and each transform's output")
-st.dataframe(table, column_config={c: st.column_config.NumberColumn(format="%.4f") for c in table})
+st.dataframe(
+    table, column_config={c: st.column_config.NumberColumn(format="%.4f") for c in table if c != "clip binds"}
+)
 
 st.markdown(
-    r"**$\sum_i \hat A_i \tilde s_i$** (0: a token that every completion shares gets no net gradient, eq. 2/9)"
+    r"**$\sum_i \hat A_i \tilde s_i$** (0: a token that every completion shares gets no net gradient under the paper estimator, eq. 2/9/68)"
 )
 cols = st.columns(len(res["sums"]) + 1)
 cols[0].metric("Σ Â s̄ (GSPO)", _fmt(res["sum_bar"]))
 for col, (name, v) in zip(cols[1:], res["sums"].items(), strict=True):
     col.metric(f"Σ Â s̃ — {name}", _fmt(v))
+
+st.markdown(
+    "**What reaches the gradient**: the net coefficient of a token every completion shares (equal lengths), "
+    "G·Σ_i ∂J/∂log s_i, from the objectives' own autograd"
+)
+nets = pd.DataFrame({ESTIMATOR_ROWS[est]: row for est, row in res["nets"].items()}).T.rename_axis("estimator")
+st.dataframe(nets, key="nets", column_config={c: st.column_config.NumberColumn(format="%.6f") for c in nets})
+st.caption(
+    "Under the paper's estimator every completion, clipped or not, keeps s̃_i·Â_i on ∇log s_i, so the net "
+    "is Σ Â s̃ (0 for every transform; Σ Â s̄ for the eq. 86 control). Under ppo_clip a completion whose "
+    "clip binds ('clip binds' above) contributes nothing, so the transform's balance no longer reaches the "
+    "gradient. truncate_rebalance runs at dfpo's floor 1e-6 here."
+)
 
 st.markdown(
     r"**$\mathrm{Asym} = \mathrm{Var}_i(w_i \hat A_i)$** (eq. 23): how unevenly the weights modulate the "

@@ -9,7 +9,9 @@ from pathlib import Path
 from streamlit.testing.v1 import AppTest
 
 from cancellation import OBJECTIVES, TRANSFORMS
-from cancellation.glossary import METRIC_DOCS
+from cancellation.glossary import ESTIMATOR_DOCS, METER_DOCS, METRIC_DOCS
+from cancellation.objectives import ESTIMATORS
+from cancellation.update import RESIDUAL_KEYS
 from toymodel.glossary import ROW_DOCS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,12 +39,32 @@ def test_about_loads_and_shows_the_glossaries():
     assert at.title[0].value == "About / glossary"
     tables = _tables(at)
     metric_tables = tables["metric"]
-    assert len(metric_tables) == 2
+    assert len(metric_tables) == 3
     shown = {r["metric"]: (r["meaning"], r["equation"]) for t in metric_tables for r in t}
-    assert shown == {**METRIC_DOCS, **ROW_DOCS}
-    # one table per glossary, no key shown twice
+    rows = {k: v for k, v in ROW_DOCS.items() if k not in METER_DOCS}
+    assert shown == {**METRIC_DOCS, **METER_DOCS, **rows}
+    # one table per glossary, no key shown twice: the meters in their own table, not among the rows
     assert {r["metric"] for r in metric_tables[0]} == set(METRIC_DOCS)
-    assert {r["metric"] for r in metric_tables[1]} == set(ROW_DOCS)
+    assert [r["metric"] for r in metric_tables[1]] == list(METER_DOCS)
+    assert {r["metric"] for r in metric_tables[2]} == set(rows)
+    assert sum(len(t) for t in metric_tables) == len(shown)
+
+
+def test_meter_and_estimator_glossaries_cover_the_library():
+    # every meter the toy and the trainer log is documented, and nothing else
+    assert list(METER_DOCS) == list(RESIDUAL_KEYS)
+    # every estimator of gspo and dfpo, the eq. (86) control and Table 3's ablation have an entry
+    for objective in ("gspo", "dfpo"):
+        for est in ESTIMATORS:
+            assert [k for k in ESTIMATOR_DOCS if k.startswith(f'{objective}, estimator="{est}"')], (
+                objective,
+                est,
+            )
+    assert any("eq. 86" in k for k in ESTIMATOR_DOCS) and "dfpo, stop_grad=False" in ESTIMATOR_DOCS
+    for key, (meaning, reference) in {**METER_DOCS, **ESTIMATOR_DOCS}.items():
+        assert meaning.strip() and reference.strip(), key
+    (estimators,) = _tables(_run(PAGE))["estimator"]
+    assert {r["estimator"]: (r["meaning"], r["equation"]) for r in estimators} == ESTIMATOR_DOCS
 
 
 def test_about_lists_every_objective_and_transform():

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from cancellation import OBJECTIVES, TRANSFORMS
-from cancellation.glossary import METRIC_DOCS
+from cancellation.glossary import ESTIMATOR_DOCS, METER_DOCS, METRIC_DOCS
 from toymodel.glossary import ROW_DOCS
 
 pytestmark = pytest.mark.browser
@@ -134,7 +134,7 @@ def runs_folder(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("browser_runs")
     model = build_tiny(root / "model", "arithmetic", seed=0, warm_start_steps=0)
     cfg = RunConfig(
-        model=str(model), group_size=4, prompts_per_step=2, max_new_tokens=6, mask_truncated=False,
+        model=str(model), group_size=4, prompts_per_step=2, max_new_tokens=6, truncation="keep",
         steps=12, eval_every=0, save_every=0, num_train=32, num_eval=0, output_dir=str(root / "runs" / "tiny"),
     )  # fmt: skip
     train(cfg)
@@ -215,11 +215,15 @@ def test_page_in_browser(server, page, name, url_path, drawn, widget):
     if widget is None:
         expect(main.locator("h1").first).to_contain_text("About")
         assert sidebar.get_by_role("slider").count() == 0
-        # objectives, transforms and the two glossaries: drawn tables with their rows
+        # objectives, transforms, estimators and the three glossaries (metrics, meters, the other
+        # simulator rows): drawn tables with their rows
         tables = main.locator('[data-testid="stTable"]')
-        expect(tables).to_have_count(4)
-        rows = [tables.nth(i).locator("tr").count() - 1 for i in range(4)]  # less the header row
-        assert rows == [len(OBJECTIVES), len(TRANSFORMS), len(METRIC_DOCS), len(ROW_DOCS)]
+        expect(tables).to_have_count(6)
+        rows = [tables.nth(i).locator("tr").count() - 1 for i in range(6)]  # less the header row
+        other_rows = [k for k in ROW_DOCS if k not in METER_DOCS]
+        assert rows == [
+            len(OBJECTIVES), len(TRANSFORMS), len(ESTIMATOR_DOCS), len(METRIC_DOCS), len(METER_DOCS), len(other_rows),
+        ]  # fmt: skip
     else:
         key, kind = widget
         before = tab.evaluate(SNAPSHOT_JS)

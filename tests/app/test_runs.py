@@ -5,12 +5,14 @@ malformed metrics file show messages, not tracebacks.
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import shutil
 import zlib
 from pathlib import Path
 
+import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -24,9 +26,11 @@ from scaledrun.train import train
 PAGE = Path(__file__).resolve().parents[2] / "app/views/runs.py"
 #: the row keys the page draws as curves (those with a finite value in some picked run)
 RUN_CURVES = (
-    "reward/mean", "eval/greedy_accuracy", "shared_residual", "group_shared_residual", "asym",
-    "clip/low_frac", "clip/high_frac", "entropy", "kl", "completion_length",
+    "reward/mean", "eval/greedy_accuracy", "shared_residual", "group_shared_residual",
+    "sequence_net_residual", "asym", "clip/low_frac", "clip/high_frac", "entropy", "kl",
+    "completion_length", "energy/bucket_0", "energy/bucket_1", "energy/bucket_2", "flip/rate",
 )  # fmt: skip
+RESIDUALS = ("shared_residual", "group_shared_residual", "sequence_net_residual")
 #: two tiny runs: (folder name, objective params)
 RUNS = {"grpo_run": {"objective": "grpo"}, "dfpo_run": {"objective": "dfpo", "transform": "orth_proj"}}
 #: a reward that varies between completions (the untrained tiny model never gets an answer right, and a
@@ -49,7 +53,7 @@ def runs_dir(tmp_path_factory) -> Path:
     runs = root / "runs"
     for name, params in RUNS.items():
         cfg = RunConfig(
-            model=str(model), group_size=4, prompts_per_step=2, max_new_tokens=6, mask_truncated=False, steps=3,
+            model=str(model), group_size=4, prompts_per_step=2, max_new_tokens=6, truncation="keep", steps=3,
             eval_every=0, save_every=0, num_train=16, num_eval=0, reward=HASH_REWARD, output_dir=str(runs / name), **params,
         )  # fmt: skip
         train(cfg)
@@ -103,6 +107,36 @@ def test_final_reward_and_table_match_metrics_file(runs_dir):
     }
     assert {"reward/mean", "asym", "clip/low_frac", "entropy"} <= with_values
     assert len(at.get("plotly_chart")) == len(with_values)
+
+
+def _array(data) -> list[float]:
+    """A plotly trace array as floats: a list, or plotly's typed-array form {"dtype", "bdata"} (base64)."""
+    if isinstance(data, dict):
+        return np.frombuffer(base64.b64decode(data["bdata"]), dtype=np.dtype(data["dtype"])).tolist()
+    return [float(x) for x in data]
+
+
+def test_residual_curves_are_the_logged_values_and_the_notes_are_shown(runs_dir):
+    at = _page(runs_dir, window=1)  # window 1: the curves are the raw logged values
+    charts = {json.loads(c.proto.spec)["layout"]["yaxis"]["title"]["text"]: c for c in at.get("plotly_chart")}
+    for name, params in RUNS.items():
+        label = f"{name} · {params['objective']}" + (
+            f" {params['transform']}" if "transform" in params else ""
+        )
+        lines = [json.loads(x) for x in (runs_dir / name / "metrics.jsonl").read_text().splitlines()]
+        for key in RESIDUALS:
+            logged = [(r["step"], r[key]) for r in lines if r.get(key) is not None and math.isfinite(r[key])]
+            if not logged:  # e.g. no prefix shared by two completions of the untrained model: NaN (null)
+                assert key != "sequence_net_residual", name  # every step with an update has one
+                continue
+            (trace,) = [t for t in json.loads(charts[key].proto.spec)["data"] if t.get("name") == label]
+            assert _array(trace["x"]) == [x for x, _ in logged]
+            assert _array(trace["y"]) == pytest.approx([y for _, y in logged], abs=1e-15)
+        if params["objective"] == "dfpo":  # DFPO's sequence-level cancellation, whatever the lengths
+            assert max(r["sequence_net_residual"] for r in lines) <= 1e-6
+    captions = " ".join(c.value for c in at.caption)
+    assert "α = 1/|y_i|" in captions and "sequence-net residual" in captions
+    assert "first mini-batch of each step" in captions and "last mini-batch only" in captions
 
 
 def test_inputs_rerun(runs_dir):

@@ -30,6 +30,10 @@ CALLS = {
     "GRPO-fix": lambda e: ("grpo_symclip", {"epsilon": e}),
     "GSPO": lambda e: ("gspo", {"epsilon_low": e, "epsilon_high": e}),
     "GSPO (Π r, eq. 11)": lambda e: ("gspo", {"length_norm": False, "epsilon_low": e, "epsilon_high": e}),
+    "GSPO (paper estimator, eq. 86)": lambda e: (
+        "gspo",
+        {"estimator": "paper", "epsilon_low": e, "epsilon_high": e},
+    ),
     "DFPO min_replace": lambda e: ("dfpo", {"transform": "min_replace", "epsilon_low": e, "epsilon_high": e}),
     "DFPO orth_proj": lambda e: ("dfpo", {"transform": "orth_proj", "epsilon_low": e, "epsilon_high": e}),
     "DFPO orth_proj_pos": lambda e: (
@@ -39,6 +43,10 @@ CALLS = {
     "DFPO truncate_rebalance": lambda e: (
         "dfpo",
         {"transform": "truncate_rebalance", "epsilon_low": e, "epsilon_high": e},
+    ),
+    "DFPO min_replace (ppo_clip, trust region)": lambda e: (
+        "dfpo",
+        {"transform": "min_replace", "estimator": "ppo_clip", "epsilon_low": e, "epsilon_high": e},
     ),
 }
 
@@ -145,6 +153,37 @@ def test_clipped_grpo_shows_eq75_and_clipped_gspo_drops_a_trajectory(at: AppTest
     at.sidebar.selectbox(key="objective").select("GSPO (Π r, eq. 11)").run()
     assert_numbers_match(at)
     assert metric(at, CLOSED) == pytest.approx(metric(at, NET), rel=1e-5)
+
+
+def test_a_binding_sequence_clip_separates_the_estimators(at: AppTest) -> None:
+    # λ2 = 1.9: τ2's GSPO ratio s2 = (ρ1ρ2λ2)^(1/3) passes 1 + ε (Â2 = +A), τ1's stays inside
+    at.sidebar.slider(key="lam2").set_value(1.9).run()
+    _, rho1, rho2, lam1, lam2, a, eps = inputs(at)
+    s1, s2 = (rho1 * rho2 * lam1) ** (1 / 3), (rho1 * rho2 * lam2) ** (1 / 3)
+    assert s2 > 1 + eps and 1 - eps < s1 < 1 + eps
+    g, t = 2, 3
+    rows = {r["objective"]: r for r in at.dataframe[0].value.to_dict("records")}
+    # by hand (eq. 72): GSPO and DFPO's ppo_clip variant drop τ2, so only τ1's −A·s1/(G·T) is left (for
+    # min_replace s̃1 = min(s̄1, s̄2) = s1); the eq. (86) control keeps both s̄_i·Â_i/(G·T), s̄2 = 1 + ε;
+    # DFPO under the paper's estimator keeps both with Σ Â s̃ = 0
+    expected = {
+        "GSPO": -a * s1 / (g * t),
+        "DFPO min_replace (ppo_clip, trust region)": -a * s1 / (g * t),
+        "GSPO (paper estimator, eq. 86)": a * ((1 + eps) - s1) / (g * t),
+        "DFPO min_replace": 0.0,
+        "DFPO orth_proj": 0.0,
+    }
+    for label, value in expected.items():
+        assert rows[label]["net t=1 (autograd)"] == pytest.approx(value, abs=1e-12), label
+        assert rows[label]["closed form (t=1)"] == pytest.approx(value, abs=1e-12), label
+    # a ppo_clip row whose clip binds is labelled as DFPO's trust-region row is: the clipped term dropped
+    for label in ("GSPO", "GSPO (Π r, eq. 11)", "DFPO min_replace (ppo_clip, trust region)"):
+        assert rows[label]["equation"] == "eq. (72), clipped term dropped", label
+    assert rows["GSPO (paper estimator, eq. 86)"]["equation"].startswith("eq. (86)")
+    assert "clipped" not in rows["DFPO min_replace"]["equation"]
+    at.sidebar.selectbox(key="objective").select("GSPO").run()
+    assert any(c.value.startswith("**eq. (72), clipped term dropped**") for c in at.caption)
+    assert_numbers_match(at)
 
 
 def test_table_lists_every_objectives_net(at: AppTest) -> None:

@@ -3,31 +3,47 @@ input reruns cleanly, and incompatible choices show the library's message. Also 
 builders of ``app/figures.py`` against plain-loop statistics.
 
 Most tests shrink the run (few steps, one or two seeds) by presetting the widgets' session state before
-the first run; the default page (3 objectives × 3 seeds × 100 steps) is the ``slow`` test.
+the first run; the default page (3 objectives × 3 seeds × 100 steps) and the page's 10-seed reference
+numbers are ``slow`` tests.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import statistics
 from pathlib import Path
 
+import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
 from app.figures import CURVE_TITLES, curve_figure, seed_band, weight_space_figure
+from cancellation.update import RESIDUAL_KEYS
 from toymodel import simulate
 from toymodel.compare import COLUMNS, summarize_variant
 
 PAGE = Path(__file__).resolve().parents[2] / "app/views/training_lab.py"
 #: the page's defaults, as simulate arguments
 DEFAULTS = {"group_size": 8, "lr": 0.5, "optimizer": "sgd", "inner_epochs": 4}
+#: the first screen: these objectives (label -> simulate arguments, written out here) on template_task
+FIRST_SCREEN = {
+    "gspo": ("gspo", {}),
+    "gspo (paper estimator, eq. 86)": ("gspo", {"estimator": "paper"}),
+    "dfpo min_replace": ("dfpo", {"transform": "min_replace"}),
+}
+#: the summary's residual columns: each seed's mean over the steps that had one, then mean/std over seeds
+RESIDUAL_HEADS = {
+    "shared_residual": "shared residual",
+    "group_shared_residual": "group-shared residual",
+    "sequence_net_residual": "sequence-net residual",
+}
 
 
 def _page(**state) -> AppTest:
     at = AppTest.from_file(str(PAGE), default_timeout=120)
-    for k, v in {"steps": 8, "seeds": 1, **state}.items():
+    for k, v in {"steps": 8, "seeds": 1, "scenario": "equivalent_solutions", **state}.items():
         at.session_state[k] = v
     return at
 
@@ -41,6 +57,118 @@ def _run(at: AppTest) -> AppTest:
 def _table(at: AppTest):
     (df,) = [d for d in at.dataframe if d.editing_mode == "read_only"]
     return df.value
+
+
+def _traces(at: AppTest, metric: str) -> dict[str, list[float]]:
+    """The mean curve (the trace named by its label, not the band) of each variant in ``metric``'s figure."""
+    (chart,) = [
+        c
+        for c in at.get("plotly_chart")
+        if json.loads(c.proto.spec)["layout"]["yaxis"]["title"]["text"] == metric
+    ]
+    out = {}
+    for t in json.loads(chart.proto.spec)["data"]:
+        if not t["name"].endswith("±1 std"):
+            y = t["y"]
+            if isinstance(y, dict):  # plotly's typed array
+                y = np.frombuffer(base64.b64decode(y["bdata"]), dtype=np.dtype(y["dtype"]))
+            out[t["name"]] = [float(v) for v in y]
+    return out
+
+
+def _mean_std(xs: list[float]) -> tuple[float, float]:
+    xs = [x for x in xs if not math.isnan(x)]
+    if not xs:
+        return math.nan, math.nan
+    return statistics.mean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+
+
+def test_first_screen_defaults_compare_gspo_the_eq86_control_and_dfpo():
+    at = AppTest.from_file(str(PAGE), default_timeout=300)
+    at.session_state["steps"] = 30  # everything else at the page's defaults (3 seeds)
+    _run(at)
+    assert at.sidebar.selectbox(key="scenario").value == "template_task"
+    assert at.sidebar.multiselect(key="variants").value == list(FIRST_SCREEN)
+    # the curves the page draws are simulate's rows for the same arguments
+    reward = _traces(at, "expected_reward")
+    for label, (objective, params) in FIRST_SCREEN.items():
+        runs = [
+            simulate("template_task", objective, steps=30, seed=s, **DEFAULTS, **params) for s in range(3)
+        ]
+        mean = [statistics.mean(rows[t]["expected_reward"] for rows in runs) for t in range(30)]
+        assert reward[label] == pytest.approx(mean, rel=1e-12)
+    # GSPO and DFPO draw different curves: DFPO's estimator keeps the clipped sequences' gradients
+    assert reward["dfpo min_replace"][-1] - reward["gspo"][-1] > 0.1
+    table = _table(at)
+    assert table.loc["gspo", "group-shared residual"] > 0.005  # few whole-group events this early
+    assert table.loc["dfpo min_replace", "group-shared residual"] < 1e-9
+    assert table.loc["dfpo min_replace", "sequence-net residual"] < 1e-9
+
+
+def test_new_objective_choices_run_and_show_the_library_numbers():
+    choices = {
+        "gspo (paper estimator, eq. 86)": ("gspo", {"estimator": "paper"}),
+        "gspo (paper estimator, eq. 86) ε=0.2": (
+            "gspo",
+            {"estimator": "paper", "epsilon_low": 0.2, "epsilon_high": 0.2},
+        ),
+        "dfpo orth_proj (ppo_clip, trust region)": (
+            "dfpo",
+            {"transform": "orth_proj", "estimator": "ppo_clip"},
+        ),
+        "dfpo truncate_rebalance (ppo_clip, trust region)": (
+            "dfpo",
+            {"transform": "truncate_rebalance", "estimator": "ppo_clip"},
+        ),
+    }
+    at = _run(_page(variants=list(choices), steps=10, scenario="template_task"))
+    assert not at.error
+    # every choice is offered, each call under one label only
+    options = at.sidebar.multiselect(key="variants").options
+    assert set(choices) <= set(options) and len(options) == len(set(options))
+    table = _table(at)
+    for label, (objective, params) in choices.items():
+        rows = simulate("template_task", objective, steps=10, seed=0, **DEFAULTS, **params)
+        assert table.loc[label, "E[R] final"] == pytest.approx(rows[-1]["expected_reward"], rel=1e-12)
+        for key, head in RESIDUAL_HEADS.items():
+            want = _mean_std([r[key] for r in rows])[0]
+            got = table.loc[label, head]
+            assert (math.isnan(got) and math.isnan(want)) or got == pytest.approx(want, rel=1e-12, abs=1e-15)
+
+
+def test_sequence_net_residual_is_drawn_and_explained():
+    at = _run(_page(variants=["grpo", "dfpo min_replace"], steps=6))
+    curves = _traces(at, "sequence_net_residual")
+    rows = simulate("equivalent_solutions", "grpo", steps=6, seed=0, **DEFAULTS)
+    assert curves["grpo"] == pytest.approx([r["sequence_net_residual"] for r in rows], rel=1e-12, nan_ok=True)
+    # equivalent_solutions has completions of 5 and 6 tokens: GRPO's token-mean leaves a net per group,
+    # DFPO's c_i = s̃_i·Â_i/B cancels whatever the lengths
+    assert max(v for v in curves["grpo"] if not math.isnan(v)) > 1e-3
+    assert max(v for v in curves["dfpo min_replace"] if not math.isnan(v)) < 1e-9
+    assert any("Sequence-net residual" in c.value and "Σ_t ∂J/∂logp" in c.value for c in at.caption)
+
+
+def test_comparison_sentence_shows_the_tables_numbers():
+    at = _run(_page(variants=list(FIRST_SCREEN), steps=12, seeds=2, scenario="template_task"))
+    table = _table(at)
+    (text,) = [m.value for m in at.markdown if m.value.startswith("**GSPO / eq. (86) control / DFPO")]
+
+    def triple(head: str, fmt: str) -> str:
+        return " / ".join(
+            "n/a" if math.isnan(v) else format(v, fmt) for v in table.loc[list(FIRST_SCREEN), head]
+        )
+
+    assert f"steps to E[R] ≥ 0.9 {triple('steps to threshold', '.1f')};" in text
+    assert f"group-shared residual {triple('group-shared residual', '.4f')};" in text
+    assert f"template KL at the threshold {triple('template KL at threshold', '.3f')}." in text
+    # the 10-seed reference numbers are shown only at the page's defaults (steps and seeds aside)
+    assert any(c.value.startswith("At these defaults with 10 seeds") for c in at.caption)
+    at.sidebar.slider(key="inner").set_value(2)
+    _run(at)
+    assert not any(c.value.startswith("At these defaults with 10 seeds") for c in at.caption)
+    at.sidebar.multiselect(key="variants").set_value(["gspo", "dfpo min_replace"])
+    _run(at)
+    assert not [m for m in at.markdown if m.value.startswith("**GSPO / eq. (86) control")]
 
 
 def test_final_reward_equals_simulate_last_row():
@@ -64,10 +192,16 @@ def test_summary_equals_summarize_variant_over_seeds():
         for s in range(2)
     ]  # fmt: skip
     expected = summarize_variant(runs, 0.9)
+    for key in RESIDUAL_KEYS:  # the meters summarize_variant lacks: the same per-seed means, by hand
+        if key not in expected:
+            per_seed = [_mean_std([r[key] for r in rows])[0] for rows in runs]
+            expected[key], expected[f"{key}_std"] = _mean_std(per_seed)
+    keys = [*COLUMNS, *(k for k in RESIDUAL_KEYS if k not in COLUMNS)]
     row = _table(at).loc["gspo ε=0.2"]
     heads = [c for c in _table(at).columns if not c.endswith("±std") and c != "reached threshold"]
-    assert len(heads) == len(COLUMNS)
-    for key, head in zip(COLUMNS, heads, strict=True):
+    assert len(heads) == len(keys)
+    assert {RESIDUAL_HEADS[k] for k in RESIDUAL_KEYS} <= set(heads)
+    for key, head in zip(keys, heads, strict=True):
         for got, want in ((row[head], expected[key]), (row[f"{head} ±std"], expected[f"{key}_std"])):
             assert (math.isnan(got) and math.isnan(want)) or got == pytest.approx(want, rel=1e-12, abs=1e-15)
     assert row["reached threshold"] == expected["reached_frac"]
@@ -208,4 +342,52 @@ def test_default_page_loads_with_the_default_objectives():
     at = AppTest.from_file(str(PAGE), default_timeout=600)
     _run(at)
     assert not at.error
-    assert list(_table(at).index) == ["grpo", "gspo", "dfpo min_replace"]
+    table = _table(at)
+    assert list(table.index) == list(FIRST_SCREEN)
+    # the first screen shows the difference the papers are about: GSPO (its clip silences most
+    # sequences after the first inner step) learns slower and leaves a group-shared residual; DFPO does not
+    reward = _traces(at, "expected_reward")
+    gap = [d - g for d, g in zip(reward["dfpo min_replace"], reward["gspo"], strict=True)]
+    assert max(gap) > 0.2
+    assert table.loc["gspo", "steps to threshold"] > 2 * table.loc["dfpo min_replace", "steps to threshold"]
+    assert table.loc["gspo", "group-shared residual"] > 0.05
+    assert table.loc["dfpo min_replace", "group-shared residual"] < 1e-9
+
+
+def _paired_se(xs: list[float]) -> float:
+    return statistics.stdev(xs) / math.sqrt(len(xs))
+
+
+@pytest.mark.slow
+def test_the_pages_10_seed_numbers_are_what_the_simulator_measures():
+    """The caption the page shows at its defaults, re-measured: 10 seeds × 150 steps of each run."""
+    at = AppTest.from_file(str(PAGE), default_timeout=300)
+    at.session_state["steps"], at.session_state["seeds"] = 2, 1  # steps and seeds do not hide the caption
+    _run(at)
+    (MEASURED_10_SEEDS,) = [
+        c.value for c in at.caption if c.value.startswith("At these defaults with 10 seeds")
+    ]
+    runs = {
+        label: [simulate("template_task", obj, steps=150, seed=s, **DEFAULTS, **params) for s in range(10)]
+        for label, (obj, params) in FIRST_SCREEN.items()
+    }
+    summary = {label: summarize_variant(r, 0.9) for label, r in runs.items()}
+    steps = [f"{summary[k]['steps_to_threshold']:.0f}" for k in FIRST_SCREEN]
+    assert f"GSPO needs {steps[0]} steps" in MEASURED_10_SEEDS
+    assert f"control {steps[1]} and DFPO Min-Replace {steps[2]};" in MEASURED_10_SEEDS
+    res = [summary[k]["group_shared_residual"] for k in FIRST_SCREEN]
+    assert f"group-shared residual {res[0]:.3f} / {res[1]:.4f} / {res[2]:.3f};" in MEASURED_10_SEEDS
+    kl = [summary[k]["template_kl_at_threshold"] for k in FIRST_SCREEN]
+    assert f"threshold {kl[0]:.3f} / {kl[1]:.3f} / {kl[2]:.3f}" in MEASURED_10_SEEDS
+
+    def kl_at(rows):
+        return next(r["template_kl"] for r in rows if r["expected_reward"] >= 0.9)
+
+    diff = [
+        kl_at(d) - kl_at(c)
+        for d, c in zip(runs["dfpo min_replace"], runs["gspo (paper estimator, eq. 86)"], strict=True)
+    ]
+    assert (
+        f"paired over seeds: {statistics.mean(diff):.3f} ± {_paired_se(diff):.3f} s.e."
+        in MEASURED_10_SEEDS.replace("−", "-")
+    )

@@ -67,8 +67,14 @@ def _expected(rewards, s, scale="group", eps_low=0.2, eps_high=0.2, floor=1e-6):
 
 
 def _results(at: AppTest):
-    """The read-only results table (the other dataframe is the editor)."""
-    (table,) = [d for d in at.dataframe if d.editing_mode == "read_only"]
+    """The read-only results table (the others are the editor and the shared-token table)."""
+    (table,) = [d for d in at.dataframe if d.editing_mode == "read_only" and "Â" in d.value.columns]
+    return table.value
+
+
+def _nets(at: AppTest):
+    """The shared-token table: one row per estimator, one column per weight (GSPO's s̄, each s̃)."""
+    (table,) = [d for d in at.dataframe if d.value.index.name == "estimator"]
     return table.value
 
 
@@ -115,6 +121,35 @@ def test_asym_equals_the_dfpo_and_gspo_metrics():
     for k in TRANSFORMS:
         _, m = compute_loss("dfpo", logp, zeros, adv, ones, g, transform=k, **eps)
         assert _metric(at, f"Asym after — {k}") == pytest.approx(m["asym"], abs=1e-6)
+
+
+@pytest.mark.parametrize(("eps_low", "eps_high"), [(0.2, 0.2), (0.05, 0.5), (0.3, 0.01)])
+def test_shared_token_net_under_both_estimators(eps_low, eps_high):
+    """G·Σ_i ∂J/∂log s_i by hand: the paper estimator keeps every completion's w_i·Â_i (w = s̄ for the
+    eq. 86 control, s̃ for DFPO), ppo_clip drops the completions whose sign-aware clip binds."""
+    at = _run()
+    at.sidebar.number_input(key="eps_low").set_value(eps_low)
+    at.sidebar.number_input(key="eps_high").set_value(eps_high)
+    _run(at)
+    exp = _expected(DEFAULT_R, DEFAULT_S, eps_low=eps_low, eps_high=eps_high)
+    adv, s, s_bar = exp["adv"], DEFAULT_S, exp["s_bar"]
+    binds = [(a > 0 and w > 1 + eps_high) or (a < 0 and w < 1 - eps_low) for a, w in zip(adv, s, strict=True)]
+    assert _results(at)["clip binds"].tolist() == ["yes" if b else "no" for b in binds]
+    table = _nets(at)
+    paper, ppo = table.iloc[0], table.iloc[1]
+    assert table.index[0].startswith("paper") and table.index[1].startswith("ppo_clip")
+    assert paper["GSPO (no transform)"] == pytest.approx(sum(a * b for a, b in zip(adv, s_bar, strict=True)))
+    assert ppo["GSPO (no transform)"] == pytest.approx(
+        sum(a * w for a, w, b in zip(adv, s, binds, strict=True) if not b), abs=1e-12
+    )
+    for k in TRANSFORMS:
+        tilde = exp["tilde"][k]
+        assert paper[k] == pytest.approx(0.0, abs=1e-12)  # Σ Â s̃ = 0 on the gradient
+        assert ppo[k] == pytest.approx(
+            sum(a * t for a, t, b in zip(adv, tilde, binds, strict=True) if not b), abs=1e-12
+        )
+    if any(binds):  # a binding clip breaks the balance under ppo_clip (orth_proj's s̃ is not constant)
+        assert abs(ppo["orth_proj"]) > 1e-3
 
 
 @pytest.mark.parametrize("scale", ["batch", "none"])
