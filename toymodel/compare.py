@@ -2,7 +2,7 @@
 
 ``compare`` runs ``simulate`` for each variant and seed and summarises, per variant, the final exact
 statistics (mean ± sample std over seeds), the learning tax paid to reach a reward threshold, the
-mean shared-event residual, steps-to-threshold (DFPO Table 2) and Jitter₂ (DFPO eq. 20).
+mean cancellation residuals, steps-to-threshold (DFPO Table 2) and Jitter₂ (DFPO eq. 20).
 
     python -m toymodel template_task --compare --seeds 10 --steps 150
 """
@@ -14,17 +14,25 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from cancellation.update import RESIDUAL_KEYS
+
 from .simulate import simulate, summarize
 
-#: The standard comparison: label → (objective, objective parameters). GSPO's default clip range
-#: (3e-4 / 4e-4) clips nearly every sequence after the first inner step, which makes GSPO and DFPO
-#: almost the same run; the "ε=0.2" variants show the sequence-level objectives with GRPO's clip range.
+#: The standard comparison: label → (objective, objective parameters). DFPO runs the paper's
+#: stop-gradient estimator (every trajectory, clipped or not, gets s̃_i·Â_i on ∇log s_i); "gspo eq.86"
+#: is the paper's baseline under that same estimator (s̄_i·Â_i, no transform), so DFPO vs "gspo eq.86"
+#: isolates the transform and "gspo eq.86" vs "gspo" (GSPO's own PPO-clip objective) isolates the
+#: estimator. "dfpo min_replace ppo_clip" is DFPO's trust-region variant (not in the paper: a clipped
+#: sequence gets no gradient), which at GSPO's clip range (3e-4 / 4e-4) behaves almost like GSPO. The
+#: "ε=0.2" variants show the sequence-level objectives with GRPO's clip range.
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "grpo": ("grpo", {}),
     "grpo_symclip": ("grpo_symclip", {}),
     "gspo": ("gspo", {}),
+    "gspo eq.86": ("gspo", {"estimator": "paper"}),
     "dfpo min_replace": ("dfpo", {"transform": "min_replace"}),
     "dfpo orth_proj": ("dfpo", {"transform": "orth_proj"}),
+    "dfpo min_replace ppo_clip": ("dfpo", {"transform": "min_replace", "estimator": "ppo_clip"}),
     "gspo ε=0.2": ("gspo", {"epsilon_low": 0.2, "epsilon_high": 0.2}),
     "dfpo min_replace ε=0.2": ("dfpo", {"transform": "min_replace", "epsilon_low": 0.2, "epsilon_high": 0.2}),
     "dfpo orth_proj ε=0.2": ("dfpo", {"transform": "orth_proj", "epsilon_low": 0.2, "epsilon_high": 0.2}),
@@ -39,6 +47,7 @@ COLUMNS = (
     "template_kl_at_threshold",
     "shared_residual",
     "group_shared_residual",
+    "sequence_net_residual",
     "steps_to_threshold",
     "jitter2",
 )
@@ -56,8 +65,8 @@ def summarize_variant(runs: Sequence[Sequence[Mapping[str, float]]], threshold: 
 
     ``template_kl_at_threshold`` is the template KL at the first step whose expected reward reaches
     ``threshold`` (the learning tax paid for that much reward; seeds that never reach it are left
-    out); ``shared_residual`` and ``group_shared_residual`` are each seed's mean over the steps that
-    had one.
+    out); the residuals (``shared_residual``, ``group_shared_residual``, ``sequence_net_residual``) are
+    each seed's mean over the steps that had one.
     """
     out: dict[str, float] = {}
     for key in ("expected_reward", "equiv_entropy", "equiv_log_odds", "template_kl"):
@@ -70,7 +79,7 @@ def summarize_variant(runs: Sequence[Sequence[Mapping[str, float]]], threshold: 
     out["jitter2"], out["jitter2_std"] = reward["jitter2_mean"], reward["jitter2_std"]
     at = [rows[int(h) - 1]["template_kl"] for rows, h in zip(runs, hits, strict=True) if h is not None]
     out["template_kl_at_threshold"], out["template_kl_at_threshold_std"] = _mean_std(at)
-    for key in ("shared_residual", "group_shared_residual"):
+    for key in RESIDUAL_KEYS:
         per_seed = [_mean_std([r[key] for r in rows])[0] for rows in runs]
         out[key], out[f"{key}_std"] = _mean_std(per_seed)
     return out
@@ -116,6 +125,7 @@ def format_table(rows: Sequence[Mapping[str, Any]], threshold: float = 0.9) -> s
         "template_kl_at_threshold": f"template KL at E[R]≥{threshold}",
         "shared_residual": "shared residual",
         "group_shared_residual": "group-shared residual",
+        "sequence_net_residual": "sequence-net residual",
         "steps_to_threshold": f"steps to E[R]≥{threshold}",
         "jitter2": "Jitter₂ E[R]",
     }

@@ -50,8 +50,17 @@ ROW_DOCS: dict[str, tuple[str, str]] = {
     ),
     "group_shared_residual": (
         "The same ratio over the events that every completion of the group contains (Σ Â = 0 there): "
-        "exactly 0 for GRPO inside its clip range and for DFPO Min-Replace/Orth-Proj with equal "
-        "lengths; what remains is what coupling, clipping, length normalisation or a split group broke.",
+        "exactly 0 for GRPO inside its clip range and for DFPO (the paper's estimator, every transform, "
+        "clipped sequences included) with equal lengths; what remains is what coupling, clipping, length "
+        "normalisation or a split group broke.",
         "Prop. 3.1, eq. (9), (13), (72); App. F; 002 Sec. 4",
+    ),
+    "sequence_net_residual": (
+        "Σ_groups |Σ_i c_i| / Σ_groups Σ_i |c_i| with c_i = Σ_t ∂J/∂logp_{i,t}, the total coefficient of "
+        "completion i in the step's optimiser steps: the push left on what every completion of a group "
+        "shares. DFPO's paper estimator gives c_i ∝ s̃_i·Â_i with Σ_i Â_i s̃_i = 0, so it is 0 for any "
+        "lengths (with its default length-normalised ratio and seq-mean-token-mean, and groups kept whole "
+        "by the mini-batches); GRPO's token-mean with unequal lengths is not. NaN without an update.",
+        "eq. (2), (18), (68), (72)",
     ),
 }

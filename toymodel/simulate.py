@@ -1,21 +1,28 @@
 """Simulated group-relative RL training on a tabular scenario, with any ``cancellation`` objective.
 
-One call of ``simulate`` is one training run. Every step:
+One call of ``simulate`` is one training run. The update is the one the LM trainer runs
+(``cancellation.update``, "one update, written once"); only the log-probs (a table lookup) and the
+backward to the parameters (closed form) are the toy's own. Every step:
 
 1. freeze θ_old (a copy of the current logits);
 2. sample ``num_groups`` groups of ``group_size`` trajectories from π_old (each group gets its own
    prompt id; all groups answer the same prompt distribution, the scenario's single prompt);
 3. rewards, then ``cancellation.group_advantages`` per group;
-4. reward-balanced batching (optional, ``reward_balanced_rho``): the groups join a FIFO buffer and an
-   update happens only when ``cancellation.batching.reward_balanced_select`` returns ``num_groups``
-   groups whose positive and negative fractions are each ≥ ρ (those groups leave the buffer);
+4. reward-balanced batching (optional, ``reward_balanced_rho``): the groups join a
+   ``cancellation.update.RewardBalancedBuffer`` (a FIFO of whole groups, payload: the trajectory
+   indices) and an update happens only when it returns ``num_groups`` groups whose positive and
+   negative fractions are each ≥ ρ (those groups leave the buffer); the oldest groups beyond
+   ``max_buffer_groups`` are dropped after every step;
 5. old log-probs from θ_old; Advantage Reweighting (optional, ``ar_alpha``);
-6. ``inner_epochs`` passes over the mini-batches (``batching="query"`` or ``"random"``,
-   ``num_minibatches``), each mini-batch one optimiser step on ``cancellation.compute_loss`` against
-   the frozen θ_old, so the ratios leave 1 after the first inner step and clipping and sequence
-   coupling act. Lopti (optional, ``lopti_eta``) runs this twice: first with the advantages zeroed
-   outside the low-probability tokens (π_old < η), then outside the others, with the same old
-   log-probs (so stage 2's ratios include stage 1's drift);
+6. the optimiser steps of ``cancellation.update.minibatches``: ``inner_epochs`` passes over the
+   mini-batches (``batching="query"`` or ``"random"``, ``num_minibatches``) against the frozen θ_old,
+   so the ratios leave 1 after the first inner step and clipping and sequence coupling act; Lopti
+   (optional, ``lopti_eta``) runs this twice (``lopti_stage_advantages``: first with the advantages
+   zeroed outside the low-probability tokens, π_old < η, then outside the others, with the same old
+   log-probs, so stage 2's ratios include stage 1's drift). Each optimiser step takes the
+   coefficients c = ∂J/∂logp of its whole mini-batch (``cancellation.update.coefficients``, one
+   ``compute_loss`` call), backpropagates −c to the logits and steps; a
+   ``cancellation.update.CancellationMeter`` reads the same c beside the update;
 7. one row of exact statistics at the parameters after the step's updates.
 
 Rows (``ROW_KEYS``, the same keys in every row, floats):
@@ -28,42 +35,51 @@ Rows (``ROW_KEYS``, the same keys in every row, floats):
   exact, by enumeration (``TabularPolicy``);
 - ``template_kl``: exact Σ_h d_θ(h)·KL(π_θ(·|h) ‖ π_init(·|h)) over the scenario's template contexts
   (learning tax), 0.0 when the scenario has none;
-- ``shared_residual``: how much of the step's applied update on shared context-token events fails to
-  cancel (DFPO eq. 2, 72): over every optimiser step of the step (inner epochs × mini-batches × Lopti
-  stages), the coefficients ∂J/∂logp that each optimiser step applied are summed per event (group,
-  context, action) of the whole batch (``cancellation.diagnostics.event_sums``), giving Σ|net| / Σ gross
-  over the events that occur at least twice in the batch (0: every shared event cancels; 1: none
-  does). An event whose occurrences a mini-batch split separates counts as not cancelled in each
-  mini-batch, which is the damage query-preserved batching avoids. Forced steps (a context
-  with a single action, whose score direction is the zero vector) are left out. NaN when no shared
-  event got a non-zero coefficient (every advantage 0, or every sequence clipped);
-- ``group_shared_residual``: the same ratio restricted to the events that *every* completion of the
-  group contains (DFPO Prop. 3.1's event E_t*: all trajectories share the context-token pair), summed
-  per optimiser step over the occurrences in that step's mini-batch. Here Σ_i Â_i = 0 makes GRPO
-  inside its clip range cancel exactly (eq. 9), so what is left is what the objective or the
-  batching broke: sequence coupling (eq. 13), clipping (App. F), length normalisation (eq. 72), a
-  group split across mini-batches (002 Sec. 4). Events shared by only part of a group are excluded:
-  their Σ Â is not zero for any objective (that part is credit assignment, not lost cancellation);
-- the objective's metrics (``cancellation.METRIC_KEYS``: ``asym``, ``clip/low_frac``, ``ratio/mean``,
-  ...) from the last inner step, i.e. at the parameters just before the step's last optimiser step.
+- three residuals (``cancellation.update.RESIDUAL_KEYS``), each a ratio Σ|net| / Σ gross of the
+  coefficients ∂J/∂logp that the step's optimiser steps applied (inner epochs × mini-batches × Lopti
+  stages, each optimiser step counted on its own mini-batch; 0: everything cancels, 1: nothing does).
+  An event or group that a mini-batch split separates counts in each mini-batch separately, which is
+  the damage query-preserved batching avoids. NaN when the gross is 0 (no update, every advantage 0,
+  or every coefficient 0):
 
-Without an update (reward-balanced batching still waiting) ``shared_residual`` and the objective's
-metrics are NaN: there is no update to measure.
+  - ``shared_residual``: per event (group, context, action) occurring at least twice in the batch
+    (DFPO eq. 2, 72). Forced steps (a context with a single action, whose score direction is the zero
+    vector) are left out. Events shared by only part of a group keep Σ Â ≠ 0 under every objective,
+    so this one is not 0 even for a perfect objective (that part is credit assignment);
+  - ``group_shared_residual``: the same ratio restricted to the events that *every* completion of the
+    group contains (DFPO Prop. 3.1's event E_t*). Here Σ_i Â_i = 0 makes GRPO inside its clip range
+    cancel exactly (eq. 9) and DFPO's paper estimator cancel exactly with equal lengths (clipped
+    sequences included), so what is left is what the objective or the batching broke: sequence
+    coupling (eq. 13), clipping (App. F), length normalisation (eq. 72), a group split across
+    mini-batches (002 Sec. 4);
+  - ``sequence_net_residual``: per group, |Σ_i c_i| / Σ_i |c_i| with c_i = Σ_t c_{i,t} the total
+    coefficient of completion i (the net push on every completion of the group at once). DFPO's
+    paper estimator gives c_i = s̃_i·Â_i/B with Σ_i Â_i s̃_i = 0, so it is 0 for any lengths (with its
+    defaults: the length-normalised ratio and ``seq-mean-token-mean``, and groups kept whole by the
+    mini-batches; ``length_norm=False`` or ``token-mean`` weigh c_i by |y_i|); GRPO's token-mean with
+    unequal lengths is not 0;
+
+- the objective's metrics (``cancellation.METRIC_KEYS``: ``asym``, ``clip/low_frac``, ``ratio/mean``,
+  ...) from the last optimiser step, i.e. at the parameters just before it.
+
+Without an update (reward-balanced batching still waiting) the residuals and the objective's metrics
+are NaN: there is no update to measure.
 
 Choices (each documented where it is made):
 
-- the gradient: autograd runs through ``compute_loss`` from a leaf (B, T) ``logp``; the log_softmax and
-  gather backward to the (C, K) logits is applied in closed form (``TabularPolicy.logits_grad``,
-  tested equal to autograd), which halves the cost of the hot loop;
+- the gradient: ``coefficients`` runs autograd through ``compute_loss`` from a leaf (B, T) ``logp``;
+  the log_softmax and gather backward to the (C, K) logits is applied in closed form
+  (``TabularPolicy.logits_grad``, tested equal to autograd), which halves the cost of the hot loop;
 - the optimisers are ``torch.optim.SGD`` (no momentum) and ``torch.optim.Adam`` (its defaults);
 - an exact shortcut: with plain SGD, no KL term and every advantage of the batch 0, every objective's
-  gradient is exactly 0, so the backward passes are skipped (same rows, tested; Adam is never
-  skipped, its momentum moves the parameters on a zero gradient). Once the reward saturates most
-  steps are like that, which is most of the speed of long runs;
-- mini-batches are re-split at every inner epoch (as PPO
-implementations do); a buffered group's old log-probs are recomputed with the θ_old of the step that
-uses it (verl recomputes old log-probs with the actor before each update; the buffer's staleness is not
-corrected, as in the paper's description of an extra update condition on the rollout buffer).
+  gradient is exactly 0, so the backward passes are skipped (the mini-batch splits are still drawn
+  and the last optimiser step's metrics still computed, so the rows are the same, tested; Adam is
+  never skipped, its momentum moves the parameters on a zero gradient). Once the reward saturates
+  most steps are like that, which is most of the speed of long runs;
+- mini-batches are re-split at every inner epoch (as PPO implementations do); a buffered group's old
+  log-probs are recomputed with the θ_old of the step that uses it (verl recomputes old log-probs
+  with the actor before each update; the buffer's staleness is not corrected, as in the paper's
+  description of an extra update condition on the rollout buffer).
 """
 
 from __future__ import annotations
@@ -76,8 +92,15 @@ import torch
 from torch import Tensor
 
 from cancellation import METRIC_KEYS, OBJECTIVES, compute_loss, group_advantages, reweight_advantages
-from cancellation.batching import SPLIT_MODES, lopti_masks, reward_balanced_select, split_minibatches
-from cancellation.diagnostics import event_index, event_sums, jitter2, steps_to_threshold
+from cancellation.diagnostics import jitter2, steps_to_threshold
+from cancellation.update import (
+    RESIDUAL_KEYS,
+    CancellationMeter,
+    RewardBalancedBuffer,
+    Schedule,
+    coefficients,
+    minibatches,
+)
 
 from .policy import TabularPolicy
 from .scenarios import Scenario, get_scenario
@@ -93,23 +116,19 @@ ROW_KEYS: tuple[str, ...] = (
     "equiv_entropy",
     "equiv_log_odds",
     "template_kl",
-    "shared_residual",
-    "group_shared_residual",
+    *RESIDUAL_KEYS,  # shared_residual, group_shared_residual, sequence_net_residual
     *METRIC_KEYS,
 )
 
 OPTIMIZERS = ("sgd", "adam")
 
 #: Default learning rate per optimiser, chosen by a sweep (SGD 0.5 and 2.0; 2.0 saturates within ~10
-#: steps). With SGD at 0.5, G=8 and 4 inner epochs the expected reward reaches 0.9 after 6-140 steps
-#: (3 seeds, every scenario and objective): fastest GRPO on equivalent_solutions, slowest GSPO/DFPO on
-#: shared_prefix, since with GSPO's default clip range they clip most tokens after the first inner
-#: step. Adam normalises the step size per logit; at 0.05 it reaches 0.9 after 2-29 steps.
+#: steps). With SGD at 0.5, G=8 and 4 inner epochs the expected reward reaches 0.9 after 4-136 steps
+#: (3 seeds, every scenario and objective): fastest GRPO on equivalent_solutions, slowest GSPO on
+#: shared_prefix, since with its default clip range it clips most sequences after the first inner step
+#: and its clipped objective gives a clipped sequence no gradient (DFPO's paper estimator keeps it).
+#: Adam normalises the step size per logit; at 0.05 it reaches 0.9 after 2-29 steps.
 DEFAULT_LR = {"sgd": 0.5, "adam": 0.05}
-
-
-#: Σ gross below this is rounding noise, not a coefficient: the residuals are NaN then.
-_NOISE = 1e-12
 
 
 def _make_optimizer(params: Tensor, kind: str, lr: float) -> torch.optim.Optimizer:
@@ -209,15 +228,22 @@ def simulate(
     lr = DEFAULT_LR[optimizer] if lr is None else float(lr)
     if not (lr > 0.0 and math.isfinite(lr)):
         raise ValueError(f"`lr` must be a finite number > 0, got {lr}")
-    if batching not in SPLIT_MODES:
-        raise ValueError(f"unknown batching {batching!r}; valid: {', '.join(SPLIT_MODES)}")
+    schedule = Schedule(
+        inner_epochs, num_minibatches, batching, None if lopti_eta is None else float(lopti_eta)
+    )
     cap = (
         16 * num_groups
         if max_buffer_groups is None
         else _check_int("max_buffer_groups", max_buffer_groups, 1)
     )
-    if reward_balanced_rho is not None and cap < num_groups:
-        raise ValueError(f"`max_buffer_groups`={cap} must be ≥ num_groups={num_groups}")
+    # reward-balanced batching: a FIFO of whole groups; the payload is the trajectory indices
+    buffer: RewardBalancedBuffer[Tensor] | None = None
+    if reward_balanced_rho is not None:
+        if cap < num_groups:
+            raise ValueError(f"`max_buffer_groups`={cap} must be ≥ num_groups={num_groups}")
+        buffer = RewardBalancedBuffer(
+            float(reward_balanced_rho), num_groups, cap, concat=torch.cat, select=lambda p, r: p[r]
+        )
     loss_kwargs = dict(objective_params)
     no_kl = float(objective_params.get("beta", 0.0)) == 0.0
     if aggregation is not None:
@@ -232,132 +258,83 @@ def simulate(
     n_actions = policy.valid.sum(-1)
     free_steps = policy.valid_steps & (n_actions[policy.ctx] > 1)  # (N, T): steps with a real choice
     ck = policy.C * policy.K
+
+    def event_keys(idx: Tensor, group: Tensor) -> Tensor:
+        """(B, T) event ids (group, context, action) of trajectories ``idx``; −1 at forced steps."""
+        ginv = torch.unique(group, return_inverse=True)[1]
+        return torch.where(free_steps[idx], policy.event_keys[idx] + ginv[:, None] * ck, -1)
+
     batch = num_groups * group_size
     within = torch.arange(num_groups).repeat_interleave(group_size)
 
-    buf_idx = torch.zeros(0, dtype=torch.long)
-    buf_group = torch.zeros(0, dtype=torch.long)
-    buf_adv = torch.zeros(0, dtype=policy.dtype)
-
     rows: list[dict[str, float]] = []
     for step in range(1, steps + 1):
+        # 1-3: freeze θ_old, sample the groups, rewards and advantages
         lsm_old = torch.log_softmax(logits, -1)  # θ_old: frozen for the whole step
         probs_old = (lsm_old[policy.ctx, policy.act] * policy.mask).sum(-1).exp()
-        idx = torch.multinomial(probs_old, batch, replacement=True, generator=gen)
+        idx: Tensor | None = torch.multinomial(probs_old, batch, replacement=True, generator=gen)
         group = within + (step - 1) * num_groups  # unique prompt ids across steps (the buffer mixes steps)
         rewards = policy.rewards[idx]
         adv = group_advantages(rewards, group, scale=adv_scale)
         sampled_reward = float(rewards.mean())
 
-        updated = True
-        if reward_balanced_rho is not None:
-            buf_idx = torch.cat([buf_idx, idx])
-            buf_group = torch.cat([buf_group, group])
-            buf_adv = torch.cat([buf_adv, adv])
-            sel = reward_balanced_select(buf_adv, buf_group, float(reward_balanced_rho), num_groups)
-            if sel is None:
-                updated = False
-                n_buf = int(torch.unique(buf_group).numel())
-                if n_buf > cap:  # FIFO: drop the oldest groups (smallest ids) beyond the capacity
-                    keep = buf_group >= torch.unique(buf_group)[n_buf - cap]
-                    buf_idx, buf_group, buf_adv = buf_idx[keep], buf_group[keep], buf_adv[keep]
-            else:
-                idx, group, adv = buf_idx[sel], buf_group[sel], buf_adv[sel]
-                keep = torch.ones(buf_idx.shape[0], dtype=torch.bool)
-                keep[sel] = False
-                buf_idx, buf_group, buf_adv = buf_idx[keep], buf_group[keep], buf_adv[keep]
-        buffer_groups = float(torch.unique(buf_group).numel()) if reward_balanced_rho is not None else 0.0
+        # 4: reward-balanced batching picks the groups to update on (None: keep sampling)
+        if buffer is not None:
+            buffer.push(idx, adv, group)
+            sel = buffer.selection()
+            if sel is not None:
+                group, adv = buffer.group[sel], buffer.advantages[sel]
+            idx = buffer.pop(sel)
 
         metrics = _nan_metrics()
-        residual = group_residual = math.nan
-        if updated:
+        residuals = dict.fromkeys(RESIDUAL_KEYS, math.nan)
+        if idx is not None:
+            # 5: the batch's tokens and old log-probs; Advantage Reweighting from π_old, once per step
             ctx_b, act_b, mask_b = policy.ctx[idx], policy.act[idx], policy.mask[idx]
             old_logp = lsm_old[ctx_b, act_b] * mask_b
-            token_adv: Tensor = adv
-            if ar_alpha is not None:
-                # Lopti notes: Advantage Reweighting from π_old, once per step
-                token_adv = reweight_advantages(adv, old_logp, float(ar_alpha))
-            if lopti_eta is not None:
-                low, high = lopti_masks(old_logp, mask_b, float(lopti_eta))
-                full = token_adv if token_adv.dim() == 2 else token_adv[:, None].expand_as(old_logp)
-                # Lopti: low-probability tokens first, then the rest; a stage with no token is skipped
-                stages = [full * s for s in (low, high) if bool(s.any())]
-            else:
-                stages = [token_adv]
-            n_inner = len(stages) * inner_epochs * num_minibatches
+            token_adv = adv if ar_alpha is None else reweight_advantages(adv, old_logp, float(ar_alpha))
             # Exact shortcut: with every advantage 0 and no KL term, every objective's gradient is exactly
             # 0, so plain SGD would not move. Skip the backward passes (keeping the RNG draws of the
-            # splits and the last inner step's metrics, so the rows are identical; tested). Adam is not
-            # skipped: its momentum moves the parameters even on a zero gradient.
+            # splits and the last optimiser step's metrics, so the rows are identical; tested). Adam is
+            # not skipped: its momentum moves the parameters even on a zero gradient.
             skip = _skip_zero_advantage and optimizer == "sgd" and no_kl and not bool(adv.any())
-            # event keys of the whole batch: (group, context, action); forced steps left out
-            ginv = torch.unique(group, return_inverse=True)[1]
-            keys_b = torch.where(free_steps[idx], policy.event_keys[idx] + ginv[:, None] * ck, -1)
-            events = event_index(keys_b, mask_b)
-            shared = events.count >= 2
-            # events that every completion of the group contains (a trajectory holds an event at most once)
-            whole = events.count == group_size
-            net_abs = gross = full_net = full_gross = 0.0
-            k = 0
-            for stage_adv in stages:
-                for _ in range(inner_epochs):
-                    if num_minibatches == 1:
-                        parts: Sequence[Tensor | None] = (None,)
-                    else:
-                        parts = split_minibatches(group, num_minibatches, mode=batching, generator=gen)
-                    for mb in parts:
-                        k += 1
-                        last = k == n_inner
-                        if skip and not last:
-                            continue
-                        lsm = torch.log_softmax(logits, -1)
-                        if mb is None:
-                            i_, c_, a_, m_, o_ = idx, ctx_b, act_b, mask_b, old_logp
-                            adv_, g_ = stage_adv, group
-                        else:
-                            i_, c_, a_, m_, o_ = idx[mb], ctx_b[mb], act_b[mb], mask_b[mb], old_logp[mb]
-                            adv_, g_ = stage_adv[mb], group[mb]
-                        # logp is a leaf: autograd runs through the objective only, and
-                        # ``policy.logits_grad`` applies the closed-form log_softmax/gather backward
-                        logp = (lsm[c_, a_] * m_).requires_grad_(True)
-                        loss, m = compute_loss(
-                            objective, logp, o_, adv_, m_, g_, with_metrics=last, **loss_kwargs
-                        )
-                        if last:
-                            metrics = m
-                        if loss.requires_grad and not skip:
-                            (g_logp,) = torch.autograd.grad(loss, logp)
-                            # the coefficients this optimiser step applies: ∂J/∂logp = −∂loss/∂logp,
-                            # summed per event of the whole batch (tokens outside the mini-batch: 0)
-                            coef = (
-                                -g_logp
-                                if mb is None
-                                else torch.zeros_like(old_logp).index_copy_(0, mb, -g_logp)
-                            )
-                            net, gro = event_sums(coef, events)
-                            net_abs += float(net.abs()[shared].sum())
-                            gross += float(gro[shared].sum())
-                            full_net += float(net.abs()[whole].sum())
-                            full_gross += float(gro[whole].sum())
-                            logits.grad = policy.logits_grad(g_logp, i_, lsm.exp())
-                            opt.step()
-            # coefficients at rounding-noise level (e.g. a loss that is identically 0) measure nothing
-            residual = net_abs / gross if gross > _NOISE else math.nan
-            group_residual = full_net / full_gross if full_gross > _NOISE else math.nan
+            # the meter reads the coefficients per event (group, context, action) of the whole batch
+            meter = None if skip else CancellationMeter(event_keys(idx, group), mask_b, group)
 
+            # 6: Lopti stages × inner epochs × mini-batches, each one optimiser step against θ_old
+            for mb in minibatches(group, token_adv, schedule, old_logp=old_logp, mask=mask_b, generator=gen):
+                if skip and not mb.last:
+                    continue  # the exact shortcut (this mini-batch's split is still drawn)
+                r = mb.rows
+                lsm = torch.log_softmax(logits, -1)
+                args = (lsm[ctx_b[r], act_b[r]] * mask_b[r], old_logp[r], mb.advantages, mask_b[r], group[r])
+                if skip:  # the exact shortcut's last step: its metrics, no gradient
+                    with torch.no_grad():
+                        metrics = compute_loss(objective, *args, **loss_kwargs)[1]
+                    continue
+                out = coefficients(objective, *args, with_metrics=mb.last, **loss_kwargs)
+                # ∂loss/∂logp = −coef: the log_softmax/gather backward to the (C, K) logits in closed form
+                logits.grad = policy.logits_grad(-out.coef, idx[r], lsm.exp())
+                opt.step()
+                meter.add(out.coef, r)  # measuring, beside the update
+                if mb.last:
+                    metrics = out.metrics
+            if meter is not None:
+                residuals = meter.totals.residuals()
+
+        # 7: exact statistics at the parameters after the step's updates
         st = policy.stats(logits, init if template_ids.numel() else None, template_ids)
         row = {
             "step": float(step),
-            "updated": 1.0 if updated else 0.0,
-            "buffer_groups": buffer_groups,
+            "updated": 1.0 if idx is not None else 0.0,
+            "buffer_groups": 0.0 if buffer is None else float(buffer.num_buffered),
             "sampled_reward": sampled_reward,
             "expected_reward": st["expected_reward"],
             "entropy": st["entropy"],
             "equiv_entropy": st["equiv_entropy"],
             "equiv_log_odds": st["equiv_log_odds"],
             "template_kl": st["kl"],
-            "shared_residual": residual,
-            "group_shared_residual": group_residual,
+            **residuals,
         }
         row.update({k: float(metrics[k]) for k in METRIC_KEYS})
         rows.append(row)

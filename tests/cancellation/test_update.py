@@ -105,3 +105,75 @@ def test_buffer_selects_balanced_groups_and_applies_its_capacity() -> None:
     assert buf.group.tolist() == [2, 3] and buf.payload.tolist() == [30, 40]
     with pytest.raises(ValueError, match="max_groups"):
         RewardBalancedBuffer(0.2, 3, 2, concat=lambda xs: xs[0], select=lambda p, r: p)
+
+
+def test_cancellation_meter_matches_a_plain_loop_over_events_and_groups() -> None:
+    """Two optimiser steps (a mini-batch of 3 rows, then all 6) on a hand-built batch of two groups.
+
+    Group 5 (rows 0-2): event 100 in every completion, 101 and 102 in two, the rest once; row 1 has a
+    forced step (key −1). Group 2 (rows 3-5): row 5 has no unmasked token, so the group's completions
+    in the loss are rows 3 and 4, and 200 and 201 are in every one of them.
+    """
+    from cancellation.update import RESIDUAL_KEYS, CancellationMeter
+
+    keys = torch.tensor([
+        [100, 101, 102, 106],
+        [100, 101, 103, -1],
+        [100, 105, 102, 107],
+        [200, 201, 202, 203],
+        [200, 201, 204, 205],
+        [200, 201, 202, 203],
+    ])  # fmt: skip
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 0], [0, 0, 0, 0]])
+    group = torch.tensor([5, 5, 5, 2, 2, 2])
+    gen = torch.Generator().manual_seed(3)
+    first_rows = torch.tensor([0, 1, 3])
+    first = torch.randn(3, 4, generator=gen, dtype=F64) * mask[first_rows]
+    second = torch.randn(6, 4, generator=gen, dtype=F64) * mask
+    meter = CancellationMeter(keys, mask, group)
+    assert all(v != v for v in meter.totals.residuals().values())  # nothing added yet: NaN
+    meter.add(first, first_rows)
+    meter.add(second)
+
+    # the plain loop
+    def cells():
+        return [(i, t) for i in range(6) for t in range(4) if mask[i, t] and keys[i, t] >= 0]
+
+    count: dict[int, int] = {}
+    key_group: dict[int, int] = {}
+    for i, t in cells():
+        k = int(keys[i, t])
+        count[k] = count.get(k, 0) + 1
+        key_group[k] = int(group[i])
+    in_loss = {g: sum(1 for i in range(6) if int(group[i]) == g and int(mask[i].sum()) > 0) for g in (5, 2)}
+    assert in_loss == {5: 3, 2: 2}
+    sums = dict.fromkeys(("shared", "whole", "seq"), (0.0, 0.0))
+
+    def acc(name: str, cs: list[float]) -> None:
+        net, gross = sums[name]
+        sums[name] = (net + abs(sum(cs)), gross + sum(abs(c) for c in cs))
+
+    for rows, coef in ((first_rows.tolist(), first), (list(range(6)), second)):
+        full = [[0.0] * 4 for _ in range(6)]
+        for j, i in enumerate(rows):
+            for t in range(4):
+                full[i][t] = float(coef[j, t])
+        per_event: dict[int, list[float]] = {}
+        for i, t in cells():
+            per_event.setdefault(int(keys[i, t]), []).append(full[i][t])
+        for k, cs in per_event.items():
+            if count[k] >= 2:
+                acc("shared", cs)
+                if count[k] == in_loss[key_group[k]]:
+                    acc("whole", cs)
+        for g in (5, 2):
+            acc("seq", [sum(full[i]) for i in range(6) if int(group[i]) == g])
+    want = [sums[name][0] / sums[name][1] for name in ("shared", "whole", "seq")]
+    got = meter.totals.residuals()
+    assert list(got) == list(RESIDUAL_KEYS)
+    for key, w in zip(RESIDUAL_KEYS, want, strict=True):
+        assert got[key] == pytest.approx(w, rel=1e-12), key
+    assert 0.0 < min(want) and max(want) < 1.0
+    t = meter.totals
+    assert (t.sequence_net, t.sequence_gross) == pytest.approx(sums["seq"], rel=1e-12)
+    assert (t.group_shared_net, t.group_shared_gross) == pytest.approx(sums["whole"], rel=1e-12)

@@ -130,7 +130,7 @@ def test_one_step_matches_a_hand_replay(objective: str, extra: dict) -> None:
     ],
 )
 def test_shared_residual_row_measures_the_applied_updates(objective: str, extra: dict) -> None:
-    """The row's residual: Σ|net| / Σ gross of the coefficients each inner step applied, by a dict loop."""
+    """The row's residuals: Σ|net| / Σ gross of the coefficients each inner step applied, by a dict loop."""
     kw = dict(group_size=8, inner_epochs=3, lr=0.7, seed=11)
     sc = get_scenario("template_task")
     policy = sc.policy()
@@ -144,7 +144,7 @@ def test_shared_residual_row_measures_the_applied_updates(objective: str, extra:
     old_logp = policy.token_logp(init, idx)
     n_actions = policy.valid.sum(-1)
     z = init.clone()
-    net_abs = gross = full_net = full_gross = 0.0
+    net_abs = gross = full_net = full_gross = seq_net = seq_gross = 0.0
     for _ in range(kw["inner_epochs"]):
         leaf = z.clone().requires_grad_(True)
         logp = policy.token_logp(leaf, idx)
@@ -163,12 +163,19 @@ def test_shared_residual_row_measures_the_applied_updates(objective: str, extra:
             if len(coefs) == kw["group_size"]:  # every completion of the group holds the event
                 full_net += abs(sum(coefs))
                 full_gross += sum(abs(x) for x in coefs)
+        # one group: |Σ_i c_i| and Σ_i |c_i| with c_i = Σ_t ∂J/∂logp_{i,t} (forced steps included)
+        c = [
+            -sum(float(g_logp[i, t]) for t in range(mask.shape[1]) if mask[i, t]) for i in range(idx.shape[0])
+        ]
+        seq_net += abs(sum(c))
+        seq_gross += sum(abs(x) for x in c)
         (g,) = torch.autograd.grad(loss, leaf)
         z = z - kw["lr"] * torch.where(policy.valid, g, torch.zeros_like(g))
     row = simulate("template_task", objective, steps=1, **kw, **extra)[0]
     for key, num, den in (
         ("shared_residual", net_abs, gross),
         ("group_shared_residual", full_net, full_gross),
+        ("sequence_net_residual", seq_net, seq_gross),
     ):
         if den == 0:
             assert math.isnan(row[key])
@@ -342,7 +349,8 @@ def test_summarize_variant_on_hand_made_runs() -> None:
     def run(rewards: list[float], kls: list[float], resid: list[float]) -> list[dict[str, float]]:
         return [
             {"step": float(i + 1), "expected_reward": r, "equiv_entropy": 0.5, "equiv_log_odds": 0.0,
-             "template_kl": k, "shared_residual": q, "group_shared_residual": q / 2}
+             "template_kl": k, "shared_residual": q, "group_shared_residual": q / 2,
+             "sequence_net_residual": q / 4}
             for i, (r, k, q) in enumerate(zip(rewards, kls, resid, strict=True))
         ]  # fmt: skip
 
@@ -356,6 +364,7 @@ def test_summarize_variant_on_hand_made_runs() -> None:
     assert out["template_kl"] == pytest.approx((0.3 + 0.7 + 0.9) / 3)
     assert out["shared_residual"] == pytest.approx(((0.2 + 0.4 + 0.6) / 3 + 0.1) / 2)
     assert out["group_shared_residual"] == pytest.approx(out["shared_residual"] / 2)
+    assert out["sequence_net_residual"] == pytest.approx(out["shared_residual"] / 4)
     assert out["expected_reward_std"] == pytest.approx(statistics.stdev([0.99, 0.92, 0.5]))
     table = format_table([{"variant": "x", **out}])
     assert "| x |" in table and "(67% reached)" in table
@@ -390,7 +399,7 @@ def test_multi_seed_runs_respect_what_the_math_guarantees(scenario: str) -> None
                 assert -1e-12 <= r["equiv_entropy"] <= math.log(n_equiv) + 1e-12
                 assert r["template_kl"] >= 0.0
                 assert r["updated"] == 1.0
-                residuals = ("shared_residual", "group_shared_residual")
+                residuals = ("shared_residual", "group_shared_residual", "sequence_net_residual")
                 for k in ROW_KEYS:
                     if k not in residuals:  # NaN when no shared event got a coefficient
                         assert math.isfinite(r[k]), k
