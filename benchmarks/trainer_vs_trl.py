@@ -20,7 +20,9 @@ Held equal
 - Reward: ``scaledrun.rewards.exact_match`` (TRL gets it wrapped in its reward-function signature,
   with the gold answer as the ``answer`` dataset column).
 - Advantages: group mean / group std (``adv_scale: group`` ≡ TRL ``scale_rewards="group"``).
-- Truncated completions dropped from the loss (``mask_truncated`` ≡ ``mask_truncated_completions``).
+- Truncated completions dropped from the loss (``truncation: mask`` ≡ ``mask_truncated_completions``;
+  ours also leaves them out of their group's advantages, TRL keeps them there; with
+  ``max_new_tokens`` 16 almost no completion of the tiny model is truncated).
 - Objective: GRPO with ε = 0.2/0.2 and token-mean aggregation (TRL ``loss_type="bnpo"``); GSPO with
   ε = 3e-4/4e-4 and seq-mean-token-mean (TRL ``importance_sampling_level="sequence"``,
   ``loss_type="grpo"``); β = 0 (no reference model); ``inner_epochs`` = ``num_iterations``.
@@ -33,8 +35,10 @@ What differs (each trainer's own work, deliberately kept: that is what is compar
 - Old log-probs: ours always runs a separate no-grad forward pass (with token entropy) after
   sampling; TRL skips it when ``num_iterations == 1`` (it uses the detached current log-probs, equal
   on-policy) and runs one only for ``num_iterations > 1``.
-- Diagnostics: ours computes per step the shared-prefix cancellation residuals (event keys over the
-  batch, ``logp.grad`` retained), the output-layer energy buckets (the (B, T, V) probabilities of the
+- The update: ours computes the coefficients ∂J/∂logp of the whole mini-batch with one
+  ``compute_loss`` call on the detached log-probs, then backpropagates them (exact micro-batching);
+  TRL backpropagates its loss directly. Diagnostics: ours computes per step the cancellation
+  residuals (event keys over the batch, from those coefficients), the output-layer energy buckets (the (B, T, V) probabilities of the
   first mini-batch), and the token-flip stats, which need one more no-grad forward pass after the
   update. TRL computes token entropies in its loss pass and gathers/logs its metrics every step
   (``logging_steps=1``).
@@ -143,7 +147,7 @@ def trl_config(cfg: RunConfig, out_dir: Path) -> Any:
         temperature=cfg.temperature,
         top_p=cfg.top_p,
         top_k=0,
-        mask_truncated_completions=cfg.mask_truncated,
+        mask_truncated_completions=cfg.truncation == "mask",
         scale_rewards=cfg.adv_scale,
         loss_type=TRL_LOSS_TYPE[cfg.objective],
         importance_sampling_level="sequence" if cfg.objective == "gspo" else "token",

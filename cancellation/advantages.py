@@ -20,6 +20,7 @@ def group_advantages(
     scale: str = "group",
     eps: float = 1e-6,
     unbiased: bool = True,
+    valid: Tensor | None = None,
 ) -> Tensor:
     """Group-relative advantage of every completion.
 
@@ -32,6 +33,11 @@ def group_advantages(
             division (Dr. GRPO; the toy of App. A eq. 29 uses this).
         eps: added to the std before dividing, as TRL (1e-4) and verl (1e-6) do; verl's value is the default.
         unbiased: Bessel-corrected std (``torch.std``'s default, which TRL and verl use).
+        valid: optional (B,) bool, the rows that enter the loss (e.g. completions that were not
+            truncated). A row that is not valid gets advantage 0 and takes no part in its group's
+            mean and std (nor in the batch std), so the advantages of the rows that are trained on
+            still sum to zero in every group; a group left with fewer than 2 valid rows gets all 0.
+            None: every row is valid.
 
     Returns:
         (B,) advantages. Each group's advantages sum to zero. A group whose rewards are all equal
@@ -42,6 +48,18 @@ def group_advantages(
     check_finite("rewards", rewards)
     if scale not in SCALES:
         raise ValueError(f"unknown scale {scale!r}; valid: {', '.join(SCALES)}")
+    if valid is not None:
+        check_1d("valid", valid, rewards.shape[0])
+        if valid.dtype != torch.bool:
+            raise TypeError(
+                f"`valid` must be a bool tensor (True: the row enters the loss), got {valid.dtype}"
+            )
+        out = torch.zeros_like(rewards, dtype=torch.promote_types(rewards.dtype, torch.float32))
+        if bool(valid.any()):
+            # the advantages of the valid rows alone; a group with one valid row gets 0 (no contrast)
+            rows = torch.nonzero(valid).flatten()
+            out[rows] = group_advantages(rewards[rows], group[rows], scale, eps, unbiased)
+        return out
     rewards = rewards.to(torch.promote_types(rewards.dtype, torch.float32))
     inverse, n_groups = group_index(group)
     counts = group_sum(torch.ones_like(rewards), inverse, n_groups)

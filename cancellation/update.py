@@ -45,7 +45,14 @@ from .objectives import compute_loss
 # the schedule
 
 
-def lopti_stage_advantages(advantages: Tensor, old_logp: Tensor, mask: Tensor, eta: float) -> list[Tensor]:
+def lopti_stage_advantages(
+    advantages: Tensor,
+    old_logp: Tensor,
+    mask: Tensor,
+    eta: float,
+    *,
+    any_process: Callable[[bool], bool] | None = None,
+) -> list[Tensor]:
     """Lopti's stages (004 notes): the advantages zeroed outside the low-probability set, then outside the rest.
 
     As the public Lopti code does, each stage keeps the loss mask, the normaliser, the old log-probs
@@ -57,13 +64,22 @@ def lopti_stage_advantages(advantages: Tensor, old_logp: Tensor, mask: Tensor, e
         old_logp: (B, T) log π_old of the sampled tokens.
         mask: (B, T) 1 for completion tokens.
         eta: the probability threshold η (π_old < η is "low").
+        any_process: in a multi-process run, ``any_process(flag)`` says whether ``flag`` holds on
+            any process (an all-reduce): a stage is then skipped only when it is empty on every
+            process, so that all processes take the same optimiser steps. None: this batch decides.
     Returns:
         one (B, T) advantage tensor per non-empty stage, the low-probability stage first.
     """
     low, high = lopti_masks(old_logp, mask, eta)
     full = advantages if advantages.dim() == 2 else advantages[:, None].expand_as(old_logp)
-    # Lopti: low-probability tokens first, then the rest; a stage with no token is skipped
-    return [full * stage.to(full.dtype) for stage in (low, high) if bool(stage.any())]
+    stages = []
+    for stage in (low, high):  # Lopti: low-probability tokens first, then the rest
+        present = bool(stage.any())
+        if any_process is not None:
+            present = any_process(present)
+        if present:  # a stage with no token (on any process) is skipped
+            stages.append(full * stage.to(full.dtype))
+    return stages
 
 
 @dataclass(frozen=True)
@@ -118,12 +134,13 @@ def minibatches(
     old_logp: Tensor | None = None,
     mask: Tensor | None = None,
     generator: torch.Generator | None = None,
+    any_process: Callable[[bool], bool] | None = None,
 ) -> Iterator[MiniBatch]:
     """The optimiser steps of one RL step: Lopti stages × inner epochs × mini-batches, in order.
 
     Mini-batches are re-split at every inner epoch (as PPO implementations do) with ``generator``;
     with one mini-batch no split is drawn (the generator is not advanced). Lopti needs ``old_logp``
-    and ``mask``.
+    and ``mask``; ``any_process`` goes to ``lopti_stage_advantages`` (multi-process runs).
 
     Args:
         group: (B,) prompt ids; advantages: (B,) or (B, T).
@@ -133,7 +150,9 @@ def minibatches(
     if schedule.lopti_eta is not None:
         if old_logp is None or mask is None:
             raise ValueError("Lopti (`lopti_eta`) needs `old_logp` and `mask`")
-        stages = lopti_stage_advantages(advantages, old_logp, mask, schedule.lopti_eta)
+        stages = lopti_stage_advantages(
+            advantages, old_logp, mask, schedule.lopti_eta, any_process=any_process
+        )
     else:
         stages = [advantages]
     total = len(stages) * schedule.inner_epochs * schedule.num_minibatches

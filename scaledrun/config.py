@@ -29,19 +29,26 @@ import yaml
 from cancellation.advantages import SCALES
 from cancellation.aggregation import aggregation_names
 from cancellation.batching import SPLIT_MODES
-from cancellation.objectives import objective_names
+from cancellation.objectives import ESTIMATORS, objective_names
 from cancellation.transforms import TRANSFORMS
 
 from .rewards import reward_names
 from .tasks import FILE_BUILDERS, TASKS, is_task_file, task_files
 
 DTYPES = ("float32", "bfloat16")
+#: Valid ``truncation`` values (see the field's docstring).
+TRUNCATIONS = ("mask", "failure_reward", "keep")
+#: Fields that no longer exist, and what replaced them (an old YAML key or CLI option names the new field).
+RENAMED = {
+    "mask_truncated": "`mask_truncated` was replaced by `truncation`: `truncation: mask` (the old "
+    "`mask_truncated: true`, now also out of the advantages), `failure_reward` or `keep` (the old false)",
+}
 #: Objective-specific parameters each built-in objective accepts (``beta`` and ``norm_constant`` go to all).
 OBJECTIVE_PARAMS: dict[str, tuple[str, ...]] = {
     "grpo": ("epsilon_low", "epsilon_high"),
     "grpo_symclip": ("epsilon",),
-    "gspo": ("epsilon_low", "epsilon_high", "length_norm"),
-    "dfpo": ("epsilon_low", "epsilon_high", "length_norm", "transform", "stop_grad"),
+    "gspo": ("epsilon_low", "epsilon_high", "length_norm", "estimator"),
+    "dfpo": ("epsilon_low", "epsilon_high", "length_norm", "transform", "estimator", "stop_grad"),
 }
 _COMMON_PARAMS = ("beta", "norm_constant")
 
@@ -61,7 +68,10 @@ class RunConfig:
     lora_alpha: float = 16.0
     """LoRA scaling α (the update is scaled by α/r). 16 = 2r, the usual choice."""
     lora_dropout: float = 0.0
-    """Dropout on the LoRA input. 0: RL's ratios compare two forward passes, dropout would perturb them."""
+    """Dropout on the LoRA input (PEFT ``lora_dropout``). The trainer runs every policy-gradient pass
+    (old, reference and current log-probs) with dropout off, so that the on-policy ratio is exactly 1:
+    a value > 0 changes nothing in training (it is kept so a saved adapter config says what it says).
+    0, PEFT's default."""
     lora_target_modules: list[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
@@ -107,11 +117,18 @@ class RunConfig:
     max_new_tokens: int = 16
     """Completion length limit. 16 covers the arithmetic answers; the template task needs ~48."""
     temperature: float = 1.0
-    """Sampling temperature of the rollouts (1.0: sample from π_θ itself, as the ratios assume)."""
+    """Sampling temperature T of the rollouts. The old, reference and current log-probs and the entropy
+    are computed from logits / T, i.e. of the policy that sampled (as TRL and verl do). 1.0: π_θ itself."""
     top_p: float = 1.0
-    """Nucleus sampling threshold of the rollouts (1.0: off)."""
-    mask_truncated: bool = True
-    """Drop completions that hit ``max_new_tokens`` without EOS from the loss (DAPO's overlong filtering)."""
+    """Nucleus sampling threshold of the rollouts (1.0: off). Like TRL and verl, the log-probs ignore
+    the top-p truncation (π_old is logits / T renormalised over the whole vocabulary)."""
+    truncation: str = "mask"
+    """Completions that hit ``max_new_tokens`` without EOS. ``mask`` (DAPO's overlong filtering): they
+    leave the loss *and* their group's advantages (mean, std and, under dfpo, the transform), so Σ Â = 0
+    over the rows that are trained on and shared tokens still cancel; a group left with fewer than 2
+    rows contributes nothing (logged as ``truncation/dropped_groups``). ``failure_reward`` (DAPO's
+    overlong punishment, in its simplest form): they get ``failure_reward`` as their reward and stay in
+    the loss. ``keep``: no special handling."""
 
     # ---- objective (all losses are ``cancellation.compute_loss`` calls)
     objective: str = "grpo"
@@ -128,10 +145,22 @@ class RunConfig:
     transform: str | None = None
     """dfpo's group transform (``cancellation.TRANSFORMS``: min_replace, orth_proj, orth_proj_pos,
     truncate_rebalance; DFPO App. B). None: dfpo's default min_replace."""
+    estimator: str | None = None
+    """gspo/dfpo: how the gradient is taken. ``paper``: DFPO's stop-gradient estimator (eq. 16, 59–62,
+    68, 85–86, 91): every trajectory, clipped or not, gets a constant weight times Â_i on ∇log s_i (dfpo:
+    s̃_i = T(s̄_i); gspo: s̄_i, eq. 86, the control arm that tells the transform's effect from the
+    estimator's); no trust region beyond the weight's value (like CISPO). ``ppo_clip``: the clipped
+    surrogate min(s·Â, clip(s)·Â) of eq. 42 (GSPO's own objective; for dfpo a trust-region variant that
+    is not in the paper: a clipped sequence gets no gradient). None: the objective's default (gspo:
+    ``ppo_clip``, dfpo: ``paper``)."""
     stop_grad: bool = True
-    """dfpo: treat the transformed weights as constants in backprop (DFPO App. C/D); False is Table 3's ablation."""
+    """dfpo: treat the transformed weights as constants in backprop (DFPO App. C/D); False is Table 3's
+    ablation (differentiates through the transform and s̄; ``estimator`` does not apply then)."""
     beta: float = 0.0
-    """KL coefficient to the reference policy (k3 estimator). 0, as in the DFPO paper (App. I)."""
+    """KL coefficient to the reference policy (k3 estimator). 0: no KL term, as in the setups this
+    project follows: DFPO's objectives (GSPO's eq. 42 and its transforms) carry none and its App. I
+    lists no KL coefficient (App. I's β = 0 is an entropy-regularisation coefficient, which this trainer
+    does not implement); DAPO and the cancellation-hypothesis paper (002, App. B) remove the KL term."""
     aggregation: str | None = None
     """Loss aggregation (``token-mean``, ``seq-mean-token-mean``, ``seq-mean-token-sum``,
     ``seq-mean-token-sum-norm``). None: the objective's own default."""
@@ -248,6 +277,7 @@ class RunConfig:
             bad("temperature", "must be > 0")
         if not 0 < self.top_p <= 1:
             bad("top_p", "must be in (0, 1]")
+        choice("truncation", TRUNCATIONS)
         choice("objective", objective_names())
         if self.epsilon_low is not None and not 0 <= self.epsilon_low < 1:
             bad("epsilon_low", "must be in [0, 1)")
@@ -256,6 +286,8 @@ class RunConfig:
                 bad(name, "must be ≥ 0")
         if self.transform is not None:
             choice("transform", list(TRANSFORMS))
+        if self.estimator is not None:
+            choice("estimator", ESTIMATORS)
         if self.aggregation is not None:
             choice("aggregation", aggregation_names())
         if self.beta < 0:
@@ -267,10 +299,25 @@ class RunConfig:
             takes = OBJECTIVE_PARAMS[self.objective]
             for name, unset in (
                 ("epsilon_low", None), ("epsilon_high", None), ("epsilon", None), ("transform", None),
-                ("stop_grad", True), ("length_norm", True),
+                ("estimator", None), ("stop_grad", True), ("length_norm", True),
             ):  # fmt: skip
                 if name not in takes and getattr(self, name) != unset:
                     bad(name, f"objective {self.objective!r} does not take it (it takes: {', '.join(takes)})")
+        if self.objective == "dfpo" and not self.stop_grad and self.estimator is not None:
+            bad(
+                "estimator",
+                "dfpo with stop_grad=false differentiates through the transform; no estimator applies",
+            )
+        if (
+            self.objective == "gspo"
+            and self.estimator == "paper"
+            and (self.ar_alpha is not None or self.lopti_eta is not None)
+        ):
+            bad(
+                "estimator",
+                "gspo's paper estimator needs one advantage per completion, but Advantage Reweighting and "
+                "Lopti make them per token; use estimator ppo_clip with them",
+            )
         choice("adv_scale", SCALES)
         if self.ar_alpha is not None and not 0 <= self.ar_alpha <= 1:
             bad("ar_alpha", "must be in [0, 1]")
@@ -340,7 +387,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # the dataclass defaults: the tiny Qwen3 built by ``python -m scaledrun.tiny``, on CPU
     "tiny": {},
     # DFPO paper, App. I (Qwen3-32B, full fine-tuning): lr 8e-7, cosine to 0.2·lr, 3% warm-up, 32 rollouts
-    # per prompt, mini-batch 32 completions (= one group per mini-batch), β = 0; App. J decoding T 0.6, top-p 0.95
+    # per prompt, mini-batch 32 completions (= one group per mini-batch); no KL term (beta 0: App. I's β = 0 is
+    # an entropy coefficient, not a KL one, and the paper gives none); App. J decoding T 0.6, top-p 0.95
     "dfpo_paper": {
         "model": "Qwen/Qwen3-32B", "dtype": "bfloat16", "full_finetune": True, "gradient_checkpointing": True,
         "objective": "dfpo", "group_size": 32, "prompts_per_step": 8, "num_minibatches": 8, "lr": 8e-7,
@@ -468,6 +516,10 @@ def load_config(path: str | None, overrides: list[str] | None = None) -> RunConf
     Unknown YAML keys, unknown options and invalid values raise ``ValueError`` naming the key or field.
     """
     overrides = list(overrides or [])
+    for arg in overrides:
+        for old, why in RENAMED.items():
+            if arg.split("=")[0] in (f"--{old}", f"--no_{old}"):
+                raise ValueError(f"command line: {why}")
     names = {f.name for f in dataclasses.fields(RunConfig)}
     file_values: dict[str, Any] = {}
     if path is not None:
@@ -475,6 +527,8 @@ def load_config(path: str | None, overrides: list[str] | None = None) -> RunConf
         loaded = yaml.safe_load(text) or {}
         if not isinstance(loaded, dict):
             raise ValueError(f"config file {path}: expected a mapping of field: value")
+        for old in set(loaded) & set(RENAMED):
+            raise ValueError(f"config file {path}: {RENAMED[old]}")
         unknown = sorted(set(loaded) - names)
         if unknown:
             raise ValueError(

@@ -5,17 +5,29 @@ A ``RolloutBatch`` holds one flat batch of completions in the shapes of DESIGN.m
 right-padded; ``completion_mask``, ``old_logp`` (B, T) refer to the completion part only.
 
 - ``generate_rollouts``: ``model.generate`` (sampling, KV cache, stop at EOS) under ``torch.no_grad``,
-  then the completion mask (up to and including the first EOS; truncated completions optionally
-  masked out) and the old log-probs from one no-grad forward pass of the same policy;
-- ``completion_logprobs``: log π of the completion tokens (float32 log_softmax), optionally the
-  policy's token entropy; the trainer's loss forward pass uses the same function, so the ratio is
-  exactly 1 before the first update (no dropout);
+  then the completion mask (up to and including the first EOS) and the old log-probs from one no-grad
+  forward pass of the same policy (the trainer applies its ``truncation`` policy afterwards);
+- ``completion_logprobs``: log π of the completion tokens (float32 log_softmax of logits / T), optionally
+  the policy's token entropy; the trainer's loss passes use the same function with dropout off
+  (``dropout_off``), so the ratio is exactly 1 before the first update;
+- ``dropout_off``: a context in which every ``torch.nn.Dropout`` of a model has p = 0 (train mode kept);
+
+The sampling policy and the log-probs
+-------------------------------------
+Rollouts sample from softmax(logits / T) (``temperature``), truncated to the top-p nucleus. Old,
+reference and current log-probs and the entropy are all taken from logits / T, so π_old is the policy
+that sampled, as TRL and verl compute it; like them, the top-p truncation is ignored in the log-probs
+(π_old renormalises over the whole vocabulary, not over the nucleus). Dropout (LoRA dropout) would make
+two passes over the same tokens differ: the old pass runs in eval mode and every policy-gradient pass
+runs under ``dropout_off``, so all of them compute the same deterministic function of the weights.
 - ``concat_batches`` and ``RolloutBatch.select``: re-padding concatenation and row selection (the
   reward-balanced buffer needs both).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -32,11 +44,12 @@ class RolloutBatch:
         input_ids: (B, P + T) prompt (left-padded to P = ``prompt_len``) then completion (right-padded).
         attention_mask: (B, P + T) 1 on real prompt and completion tokens (through the first EOS).
         completion_mask: (B, T) float 1 on the tokens that take part in the loss (through the first EOS;
-            all 0 for a truncated completion when ``mask_truncated``).
+            the trainer zeroes a truncated completion's row under ``truncation: mask``).
         old_logp: (B, T) float32 log π_old of each completion token (0 on padding).
         group: (B,) int64 global prompt id of each completion.
         advantages: (B,) float32 group-relative advantages (filled by the trainer; zeros until then).
-        rewards: (B,) float32 rewards (filled by the trainer).
+        rewards: (B,) float32 rewards (filled by the trainer; a truncated completion's is
+            ``failure_reward`` under ``truncation: failure_reward``).
         truncated: (B,) bool, no EOS within max_new_tokens.
         ref_logp: (B, T) log π_ref (β > 0 only) or None.
         prompts, completions, answers: the texts, one per row.
@@ -133,21 +146,46 @@ def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+@contextmanager
+def dropout_off(model: Any) -> Iterator[None]:
+    """Every ``torch.nn.Dropout`` of ``model`` has p = 0 inside (restored after); train mode is kept.
+
+    The policy-gradient passes run under it so that they compute the same function as the old-log-prob
+    pass (eval mode): with p = 0 ``torch.nn.functional.dropout`` returns its input unchanged and draws no
+    random numbers. Train mode stays on so that gradient checkpointing (active only in train mode) still
+    works. Dropout that a model applies through a float argument rather than a module (e.g. an
+    ``attention_dropout`` config value given to the attention kernel; 0 in every Qwen config) is not
+    covered.
+    """
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.Dropout)]
+    saved = [m.p for m in layers]
+    for m in layers:
+        m.p = 0.0
+    try:
+        yield
+    finally:
+        for m, p in zip(layers, saved, strict=True):
+            m.p = p
+
+
 def completion_logprobs(
     model: Any,
     input_ids: Tensor,
     attention_mask: Tensor,
     completion_len: int,
     *,
+    temperature: float = 1.0,
     with_entropy: bool = False,
     with_hidden: bool = False,
 ) -> dict[str, Tensor]:
-    """Log-probs of the last ``completion_len`` tokens of ``input_ids`` under ``model``.
+    """Log-probs of the last ``completion_len`` tokens of ``input_ids`` under ``model`` at ``temperature``.
 
     Args:
         model: a causal LM (PEFT-wrapped or not, DDP-wrapped or not).
         input_ids: (B, P + T) token ids; attention_mask: (B, P + T).
         completion_len: T.
+        temperature: T of the sampling policy softmax(logits / T) (top-p is not applied: see the module
+            docstring).
         with_entropy: also return ``entropy`` (B, T), the policy's entropy at each completion position.
         with_hidden: also return ``probs`` (B, T, V) and ``hidden_norm`` (B, T), ‖h‖ of the final hidden
             state (the energy-by-bucket proxy needs both; costly for a large vocabulary).
@@ -163,6 +201,8 @@ def completion_logprobs(
     )
     # the logit at position k predicts token k + 1: the completion tokens are predicted from P − 1 .. L − 2
     logits = out.logits[:, -completion_len - 1 : -1, :].float()
+    if temperature != 1.0:
+        logits = logits / temperature  # the policy that sampled: softmax(logits / T)
     targets = input_ids[:, -completion_len:]
     logsm = torch.log_softmax(logits, dim=-1)
     res = {"logp": logsm.gather(-1, targets.unsqueeze(-1)).squeeze(-1)}
@@ -213,7 +253,6 @@ def generate_rollouts(
     max_new_tokens: int,
     temperature: float,
     top_p: float,
-    mask_truncated: bool,
     do_sample: bool = True,
     ref_model_ctx: Any = None,
     chunk_size: int | None = None,
@@ -224,8 +263,11 @@ def generate_rollouts(
     RNG: the trainer seeds it from (seed, step, process) just before, which makes a resumed run sample
     exactly what an uninterrupted one does. ``ref_model_ctx``: a zero-argument callable returning a
     context manager under which ``model`` is the reference policy (``model.disable_adapter``); when
-    given, ``ref_logp`` is filled. Returns the batch and its diagnostics (``entropy``: the mean token
-    entropy of the policy on the sampled tokens; ``completion_length``; ``truncated_frac``).
+    given, ``ref_logp`` is filled. Old and reference log-probs and the entropy are those of logits /
+    ``temperature`` (the sampling policy; top-p ignored, as TRL and verl do). The completion mask runs
+    through the first EOS for every row, truncated or not (``truncated`` marks them). Returns the batch
+    and its diagnostics (``entropy``: the mean token entropy of the sampling policy on the sampled
+    tokens; ``completion_length``; ``truncated_frac``).
     """
     was_training = model.training
     model.eval()
@@ -257,23 +299,27 @@ def generate_rollouts(
     comp = torch.where(mask.bool(), comp, torch.full_like(comp, pad_id))
     input_ids = torch.cat([ids, comp], 1)
     attention_mask = torch.cat([am, mask.long()], 1)
-    loss_mask = mask * (~truncated).float()[:, None] if mask_truncated else mask
     t = comp.shape[1]
+    temp = temperature if do_sample else 1.0
     logps, ents, refs = [], [], []
     step = chunk_size or input_ids.shape[0]
     for s in range(0, input_ids.shape[0], step):
         r = completion_logprobs(
-            model, input_ids[s : s + step], attention_mask[s : s + step], t, with_entropy=True
+            model,
+            input_ids[s : s + step],
+            attention_mask[s : s + step],
+            t,
+            temperature=temp,
+            with_entropy=True,
         )
         logps.append(r["logp"])
         ents.append(r["entropy"])
         if ref_model_ctx is not None:
             with ref_model_ctx():
-                refs.append(
-                    completion_logprobs(model, input_ids[s : s + step], attention_mask[s : s + step], t)[
-                        "logp"
-                    ]
+                ref = completion_logprobs(
+                    model, input_ids[s : s + step], attention_mask[s : s + step], t, temperature=temp
                 )
+                refs.append(ref["logp"])
     old_logp = torch.cat(logps) * mask
     entropy = torch.cat(ents)
     texts = tokenizer.batch_decode(comp.masked_fill(~mask.bool(), pad_id), skip_special_tokens=True)
@@ -281,7 +327,7 @@ def generate_rollouts(
     batch = RolloutBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
-        completion_mask=loss_mask,
+        completion_mask=mask,
         old_logp=old_logp,
         group=torch.tensor(group_ids, dtype=torch.long, device=device).repeat_interleave(num_generations),
         advantages=torch.zeros(b, device=device),

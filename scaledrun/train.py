@@ -1,8 +1,40 @@
 """Group-relative RL on a Hugging Face causal LM with LoRA: GRPO, GRPO-fix, GSPO, DFPO (+ AR, Lopti).
 
-Every loss is one ``cancellation.compute_loss`` call; this file only moves tensors around. It reads top
-to bottom: config, model, data, then the loop (rollout -> rewards -> advantages -> update -> diagnostics
--> log -> eval -> checkpoint).
+Every loss is one ``cancellation.compute_loss`` call on a whole mini-batch, and the schedule, the
+reward-balanced buffer and the cancellation meters are ``cancellation.update``'s, the code the toy
+runs too; this file only moves tensors around. It reads top to bottom: config, model, data, then the
+loop (rollouts -> rewards -> advantages -> update -> log -> eval -> checkpoint).
+
+One training step, from prompt to ``optimizer.step``
+----------------------------------------------------
+1. **Rollouts** (``rollout.generate_rollouts``): G = ``group_size`` sampled completions for each of this
+   process's ``prompts_per_step`` prompts (temperature T, top-p), the completion mask through the first
+   EOS, and log π_old of every sampled token from one no-grad pass at T.
+2. **Rewards and advantages** (``rewards.compute_rewards``, ``apply_truncation``,
+   ``cancellation.group_advantages``): the ``truncation`` policy, then group-relative advantages
+   (DFPO eq. 43) over the rows that enter the loss; optionally Advantage Reweighting.
+3. **The update batch**: the step's batch, or a reward-balanced selection of buffered groups
+   (``cancellation.update.RewardBalancedBuffer``, 002 Sec. 4; no update until one meets ρ).
+4. **The update** (``update``), the loop of CleanRL's ``ppo.py``::
+
+       for mb in minibatches(...):              # Lopti stages × inner epochs × mini-batches
+           logp = minibatch_logprobs(...)       # current log-probs of the whole mini-batch
+           c = minibatch_coefficients(...)      # ∂J/∂logp of the whole mini-batch: one compute_loss call
+           backpropagate(...)                   # ∇θJ = Σ c·∇θ logp, in one pass or micro-batch by micro-batch
+           clip_grad_norm_; optimizer.step()
+
+   Beside it, never inside its arithmetic (``UpdateDiagnostics``): the cancellation meter, the energy
+   and token-flip diagnostics and the debug dump of the first gradients.
+5. **The log row**: rewards, the objective's metrics (of the step's last mini-batch), the residuals,
+   grad norm, timings; one JSON line per step.
+
+Exact micro-batching: a group transform, a sequence ratio or an aggregation couples the rows of a
+mini-batch, so the loss of a micro-batch alone is not a piece of the mini-batch's loss. The trainer
+therefore computes the coefficients c = ∂J/∂logp of the *whole* mini-batch first (from its current
+log-probs; with ``micro_batch_size`` set, from no-grad passes over the micro-batches), then runs one
+forward and backward pass per micro-batch of the surrogate −W·Σ c·logp, whose gradient is exactly
+−W·Σ c·∇θ logp: the accumulated gradient is the one-pass gradient for every objective, transform and
+aggregation (tested to 1e-6), at the price of one extra no-grad forward per mini-batch.
 
 Launching
 ---------
@@ -48,51 +80,60 @@ registers a reward with ``@scaledrun.rewards.register_reward``.
 Debug hooks
 -----------
 ``--debug_dir DIR`` (``train(debug_dir=...)``): each process writes ``DIR/rank<k>/step_<s>_rollouts.pt``
-(the step's ``RolloutBatch`` on CPU, after rewards and advantages), ``step_<s>_grads.pt`` (trainable
-gradients of the step's first optimizer step, after the cross-process reduction, before clipping) and
-``step_<s>_trainable.pt`` (trainable weights after the step). ``--replay_dir DIR``: a step with a file
-``DIR/step_<s>_rollouts.pt`` trains on that batch (its completions, old log-probs and rewards;
-advantages are recomputed) instead of sampling. The two-process test dumps both ranks, concatenates
-their step batches and replays them in one process: the gradients and weights must agree.
+(the step's ``RolloutBatch`` on CPU, after rewards, truncation and advantages), ``step_<s>_grads.pt``
+(trainable gradients of the step's first optimizer step, after the cross-process reduction, before
+clipping) and ``step_<s>_trainable.pt`` (trainable weights after the step). ``--replay_dir DIR``: a step
+with a file ``DIR/step_<s>_rollouts.pt`` trains on that batch (its completions, masks, old log-probs and
+rewards; advantages are recomputed) instead of sampling. The two-process test dumps both ranks,
+concatenates their step batches and replays them in one process: the gradients and weights must agree.
 
 Loss normalisation across processes
 -----------------------------------
 Each mini-batch's loss uses the *global* token count (``token_count``) and sequence count
 (``seq_count``) of that mini-batch over all processes, so the local loss is L_p = S_p / N with S_p the
-local sum of per-token (or per-sequence) terms and N the global count. DDP *averages* gradients over the
-W processes: it applies (1/W) Σ_p ∇(loss_p). Backpropagating loss_p = W·L_p therefore applies
-Σ_p ∇S_p / N, the gradient of the loss of the whole mini-batch as one process would compute it. The
-logged loss is the unscaled L_p. Gradient accumulation (``micro_batch_size``) keeps the same normaliser
-N for every micro-batch of a mini-batch, so the accumulated gradient is the mini-batch's gradient;
-DDP reduces once, on the last micro-batch's backward (``accelerator.no_sync`` before it).
+local sum of per-token (or per-sequence) terms and N the global count, and its coefficients
+c = ∂(−L_p)/∂logp are those of the whole mini-batch's loss restricted to this process's rows. DDP
+*averages* gradients over the W processes: it applies (1/W) Σ_p ∇θ(loss_p). Backpropagating
+loss_p = −W·Σ_{(i,t) of p} c_{i,t}·logp_{i,t} (gradient −W·c on every logp) therefore applies
+−Σ_p Σ c·∇θ logp = ∇θ of the whole mini-batch's loss as one process would compute it. The logged
+loss is the unscaled L_p.
+With micro-batches DDP reduces once, on the last micro-batch's backward (``accelerator.no_sync``
+before it); the coefficients, computed once for the whole mini-batch, are the same in every pass.
 
 Determinism and resume
 ----------------------
 At the start of every step the global torch RNG is seeded from (seed, step, process index); sampling
-(``generate`` uses the global RNG), LoRA dropout and the mini-batch split generator all derive from it.
-A resumed run therefore samples exactly what the uninterrupted run sampled at the same step, given the
-same weights and optimizer state (restored from the checkpoint).
+(``generate`` uses the global RNG) and the mini-batch split generator derive from it. A resumed run
+therefore samples exactly what the uninterrupted run sampled at the same step, given the same weights,
+optimizer state and reward-balanced buffer (restored from the checkpoint).
 
 Where this departs from the papers
 ----------------------------------
 - LoRA instead of full fine-tuning by default (``full_finetune: true`` for the papers' setting).
 - The LR schedule advances once per RL step (not per optimizer step): warm-up and cosine decay are in
   units of ``steps``.
-- Old log-probs come from a separate no-grad forward pass (not the sampler's logits) with LoRA in eval
-  mode; reward-balanced batching reuses buffered groups whose old log-probs (and advantages) are those
-  of the policy that sampled them, i.e. the update is off-policy for them by up to a few steps.
-- Token entropy (``entropy``) is the mean per-token entropy of π_old on the sampled tokens, not the
-  toy's exact trajectory entropy.
-- ``shared_residual`` / ``group_shared_residual`` are computed exactly as in the toy: from the
-  coefficients ∂J/∂logp that each optimizer step actually applied (read from ``logp.grad``), summed per
-  shared (group, prefix, token) event over all optimizer steps of the RL step.
-- ``energy/bucket_*`` (DFPO eq. 24, output-layer proxy) uses the first mini-batch of each step only
+- Old log-probs come from a separate no-grad forward pass (not the sampler's logits) in eval mode; all
+  log-probs (old, reference, current) and the entropy are those of logits / ``temperature``, the
+  policy that sampled, as TRL and verl compute them; like them, the top-p truncation is ignored in
+  the ratio. The policy-gradient passes run with every dropout at p = 0 (``rollout.dropout_off``,
+  train mode kept for gradient checkpointing), so the first on-policy ratio is exactly 1 even with
+  ``lora_dropout`` > 0. Reward-balanced batching reuses buffered groups whose old log-probs (and
+  advantages) are those of the policy that sampled them, i.e. the update is off-policy for them by up
+  to a few steps.
+- Token entropy (``entropy``) is the mean per-token entropy of π_old (at T) on the sampled tokens, not
+  the toy's exact trajectory entropy.
+- ``shared_residual``, ``group_shared_residual`` and ``sequence_net_residual`` are computed exactly as in
+  the toy (``cancellation.update.CancellationMeter``): from the coefficients ∂J/∂logp that each
+  optimizer step applied, summed over all optimizer steps of the RL step and over processes.
+- ``energy/bucket_*`` (DFPO eq. 24, output-layer proxy) uses the **first mini-batch** of each step only
   (it needs the (B, T, V) probabilities), and is NaN when that tensor would exceed ``ENERGY_MAX_ELEMENTS``.
-- Token-flip stats (002 App. C) compare the last mini-batch's log-probs before and after its update.
+- Token-flip stats (002 App. C) use the **last mini-batch** only: its log-probs before and after its
+  optimizer step.
 - Multi-process: objective metrics (clip fractions, ratios, ...) are averaged over processes; rewards
-  are gathered exactly. KL to the reference needs LoRA (the reference is the base model with the
-  adapter disabled). Under DeepSpeed ZeRO / FSDP checkpoints hold the gathered weights but not the
-  sharded optimizer state (``checkpoint.py``); those two launch modes are shipped untested (no GPU here).
+  are gathered exactly; the residuals' sums are added. KL to the reference needs LoRA (the reference is
+  the base model with the adapter disabled). Under DeepSpeed ZeRO / FSDP checkpoints hold the gathered
+  weights but not the sharded optimizer state (``checkpoint.py``); those two launch modes are shipped
+  untested (no GPU here).
 """
 
 from __future__ import annotations
@@ -110,21 +151,31 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from cancellation import METRIC_KEYS, compute_loss, group_advantages, reweight_advantages
-from cancellation.batching import lopti_masks, reward_balanced_select, split_minibatches
-from cancellation.diagnostics import (
-    FLIP_KEYS,
-    energy_by_bucket,
-    event_index,
-    event_sums,
-    prefix_event_keys,
-    token_flip_stats,
+from cancellation import METRIC_KEYS, group_advantages, reweight_advantages
+from cancellation.diagnostics import FLIP_KEYS, energy_by_bucket, prefix_event_keys, token_flip_stats
+from cancellation.update import (
+    RESIDUAL_KEYS,
+    CancellationMeter,
+    Coefficients,
+    MeterTotals,
+    MiniBatch,
+    RewardBalancedBuffer,
+    Schedule,
+    coefficients,
+    minibatches,
 )
 
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import RunConfig, load_config, save_config
 from .rewards import compute_rewards
-from .rollout import RolloutBatch, completion_logprobs, concat_batches, generate_rollouts, generate_texts
+from .rollout import (
+    RolloutBatch,
+    completion_logprobs,
+    concat_batches,
+    dropout_off,
+    generate_rollouts,
+    generate_texts,
+)
 from .runlog import RunLogger
 from .tasks import Task, format_prompt, is_task_file, load_task
 
@@ -142,9 +193,9 @@ STEP_KEYS = (
     "reward_failures",
     "completion_length",
     "truncated_frac",
+    "truncation/dropped_groups",
     "entropy",
-    "shared_residual",
-    "group_shared_residual",
+    *RESIDUAL_KEYS,
     *FLIP_KEYS,
     *ENERGY_KEYS,
     "grad_norm",
@@ -157,7 +208,8 @@ STEP_KEYS = (
     "time/update_s",
     "time/tokens_per_s",
 )
-_NOISE = 1e-12
+#: Groups the reward-balanced buffer holds at most, in units of ``prompts_per_step``.
+BUFFER_CAPACITY = 4
 
 
 # ------------------------------------------------------------------------------------------------
@@ -165,7 +217,7 @@ _NOISE = 1e-12
 
 
 def step_seed(seed: int, step: int, rank: int) -> int:
-    """The seed of step ``step`` on process ``rank`` (sampling, dropout and mini-batch splits)."""
+    """The seed of step ``step`` on process ``rank`` (sampling and mini-batch splits)."""
     return (seed * 1_000_003 + step * 10_007 + rank * 101) % (2**63 - 1)
 
 
@@ -264,7 +316,58 @@ def step_prompts(
 
 
 # ------------------------------------------------------------------------------------------------
-# the loss of one mini-batch
+# rewards, truncation, advantages
+
+
+def apply_truncation(cfg: RunConfig, batch: RolloutBatch) -> Tensor | None:
+    """Apply the ``truncation`` policy to ``batch`` (in place); return the rows valid for the advantages.
+
+    - ``mask``: a truncated completion's loss mask is zeroed and it is left out of its group's
+      advantages (``group_advantages(..., valid=...)``) and, having no unmasked token, out of DFPO's
+      transform, so Σ Â = 0 over the rows that enter the loss;
+    - ``failure_reward``: a truncated completion's reward becomes ``failure_reward``; it stays in the loss;
+    - ``keep``: nothing changes.
+
+    Idempotent (a replayed batch, already processed, comes out the same).
+
+    Returns:
+        (B,) bool, the rows that take part in the advantages (``mask``), or None (every row).
+    """
+    if cfg.truncation == "failure_reward":
+        # DAPO's overlong handling, its simplest form: a completion cut at max_new_tokens failed
+        failed = torch.full_like(batch.rewards, cfg.failure_reward)
+        batch.rewards = torch.where(batch.truncated, failed, batch.rewards)
+        return None
+    if cfg.truncation == "mask":
+        # DAPO's overlong filtering, applied to the advantages as well as to the loss
+        valid = ~batch.truncated
+        batch.completion_mask = batch.completion_mask * valid.to(batch.completion_mask.dtype)[:, None]
+        return valid
+    return None
+
+
+def dropped_groups(group: Tensor, valid: Tensor | None) -> int:
+    """Groups of the batch left with fewer than 2 valid rows (they contribute nothing to the update)."""
+    if valid is None:
+        return 0
+    _, inverse = torch.unique(group, return_inverse=True)
+    kept = torch.bincount(inverse, weights=valid.to(torch.float64))
+    return int((kept < 2).sum())
+
+
+def make_buffer(cfg: RunConfig, pad_token_id: int) -> RewardBalancedBuffer[RolloutBatch]:
+    """The reward-balanced buffer (002 Sec. 4) of ``RolloutBatch`` groups: ``prompts_per_step`` per update."""
+    return RewardBalancedBuffer(
+        cfg.reward_balanced_rho,
+        num_groups=cfg.prompts_per_step,
+        max_groups=BUFFER_CAPACITY * cfg.prompts_per_step,
+        concat=lambda parts: concat_batches(parts, pad_token_id),
+        select=lambda batch, rows: batch.select(rows),
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# one mini-batch: log-probs -> coefficients -> backward
 
 
 def loss_params(cfg: RunConfig) -> dict[str, Any]:
@@ -279,96 +382,106 @@ def loss_params(cfg: RunConfig) -> dict[str, Any]:
     return params
 
 
-def minibatch_loss(
-    model: Any,
-    batch: RolloutBatch,
-    idx: Tensor,
-    cfg: RunConfig,
-    advantages: Tensor,
-    *,
-    mask: Tensor | None = None,
-    token_count: float | None = None,
-    seq_count: float | None = None,
-    with_hidden: bool = False,
-) -> tuple[Tensor, dict[str, float], Tensor, dict[str, Tensor]]:
-    """The loss of rows ``idx`` of ``batch``: one forward pass and one ``cancellation.compute_loss`` call.
+@dataclass(frozen=True)
+class GlobalCounts:
+    """The normalisers of one mini-batch, summed over all processes (see "Loss normalisation")."""
+
+    tokens: float  # unmasked completion tokens
+    sequences: float  # completions (rows)
+
+
+def global_counts(accelerator: Any, mask: Tensor) -> GlobalCounts:
+    """The mini-batch's token and sequence counts over all processes; ``mask`` (b, T) is this process's part."""
+    local = torch.tensor(
+        [float(mask.sum()), float(mask.shape[0])], dtype=torch.float64, device=accelerator.device
+    )
+    tokens, sequences = accelerator.reduce(local, "sum").tolist()
+    return GlobalCounts(tokens=tokens, sequences=sequences)
+
+
+def micro_batches(rows: int, size: int | None) -> list[Tensor]:
+    """The micro-batches of a mini-batch of ``rows`` rows: consecutive index runs of ``size`` (0/None: one)."""
+    return list(torch.arange(rows).split(size or rows))
+
+
+def policy_logprobs(
+    model: Any, batch: RolloutBatch, cfg: RunConfig, *, with_hidden: bool = False
+) -> dict[str, Tensor]:
+    """log π of ``batch``'s completion tokens at the sampling temperature (``completion_logprobs``)."""
+    t = batch.completion_mask.shape[1]
+    return completion_logprobs(
+        model, batch.input_ids, batch.attention_mask, t, temperature=cfg.temperature, with_hidden=with_hidden
+    )
+
+
+def minibatch_logprobs(
+    model: Any, sub: RolloutBatch, cfg: RunConfig, micro: list[Tensor], *, with_hidden: bool = False
+) -> dict[str, Tensor]:
+    """The current log-probs ``logp`` (b, T) of the whole mini-batch ``sub``.
+
+    One micro-batch: one forward pass with the graph (``backpropagate`` differentiates it). Several:
+    no-grad passes over the micro-batches (the same row chunks the backward passes will run, so the
+    coefficients see exactly the log-probs that are then differentiated). ``with_hidden`` adds the
+    energy diagnostic's ``probs`` and ``hidden_norm``.
+    """
+    if len(micro) == 1:
+        return policy_logprobs(model, sub, cfg, with_hidden=with_hidden)
+    with torch.no_grad():
+        parts = [policy_logprobs(model, sub.select(rows), cfg, with_hidden=with_hidden) for rows in micro]
+    return {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
+
+
+def minibatch_coefficients(
+    cfg: RunConfig, sub: RolloutBatch, advantages: Tensor, logp: Tensor, counts: GlobalCounts
+) -> Coefficients:
+    """The coefficients c = ∂J/∂logp (b, T) of the whole mini-batch: one ``compute_loss`` call.
 
     Args:
-        model: the policy (possibly DDP-wrapped).
-        batch: the step's rollouts.
-        idx: (b,) int64 rows of the mini-batch.
-        cfg: the run config (objective, aggregation, objective parameters).
-        advantages: (B,) or (B, T) advantages of the whole batch (rows ``idx`` are used).
-        mask: (B, T) the token mask of this stage (Lopti), default ``batch.completion_mask``.
-        token_count, seq_count: the global counts of the mini-batch (None: local counts).
-        with_hidden: also return the probabilities and hidden-state norms (energy diagnostics).
-    Returns:
-        ``(loss, metrics, logp, extras)``; ``logp`` (b, T) is the forward pass's log-probs (with grad).
-        A mini-batch with no unmasked token on this process returns 0·Σ logp (zero gradient, so DDP
-        still synchronises) and empty metrics.
+        sub: the mini-batch's rows; advantages: (b,) or (b, T), the schedule's (Lopti stage, AR);
+        logp: (b, T) current log-probs (detached); counts: the global normalisers.
+    A mini-batch with no unmasked token on this process (others have some) has c = 0 and no metrics.
     """
-    sub = batch.select(idx)
-    m = (batch.completion_mask if mask is None else mask)[idx.to(batch.completion_mask.device)]
-    t = sub.completion_mask.shape[1]
-    out = completion_logprobs(model, sub.input_ids, sub.attention_mask, t, with_hidden=with_hidden)
-    logp = out["logp"]
-    if float(m.sum()) == 0:
-        return (logp * 0.0).sum(), {}, logp, out
-    loss, metrics = _loss(cfg, sub, idx, advantages, m, logp, token_count, seq_count)
-    return loss, metrics, logp, out
-
-
-def minibatch_metrics(
-    batch: RolloutBatch,
-    idx: Tensor,
-    cfg: RunConfig,
-    advantages: Tensor,
-    logp: Tensor,
-    *,
-    mask: Tensor | None = None,
-    token_count: float | None = None,
-    seq_count: float | None = None,
-) -> dict[str, float]:
-    """The ``compute_loss`` metrics of rows ``idx`` given their log-probs (no forward pass, no grad).
-
-    Gradient accumulation runs a mini-batch in several passes; this reports the metrics of the whole
-    mini-batch (same arguments as ``minibatch_loss``; ``logp`` (b, T) are the passes' log-probs, in the
-    order of ``idx``). Empty dict when no token of the mini-batch is unmasked.
-    """
-    sub = batch.select(idx)
-    m = (batch.completion_mask if mask is None else mask)[idx.to(batch.completion_mask.device)]
-    if float(m.sum()) == 0:
-        return {}
-    with torch.no_grad():
-        return _loss(cfg, sub, idx, advantages, m, logp.detach(), token_count, seq_count)[1]
-
-
-def _loss(
-    cfg: RunConfig,
-    sub: RolloutBatch,
-    idx: Tensor,
-    advantages: Tensor,
-    m: Tensor,
-    logp: Tensor,
-    token_count: float | None,
-    seq_count: float | None,
-) -> tuple[Tensor, dict[str, float]]:
-    """The one ``compute_loss`` call of a mini-batch ``sub`` = rows ``idx`` (mask ``m`` (b, T))."""
+    if float(sub.completion_mask.sum()) == 0:
+        return Coefficients(coef=torch.zeros_like(logp), loss=torch.zeros(()), metrics={})
     params = loss_params(cfg)
     if cfg.beta > 0:
         params["ref_logp"] = sub.ref_logp
-    return compute_loss(
-        cfg.objective,
-        logp,
-        sub.old_logp,
-        advantages[idx.to(advantages.device)],
-        m,
-        sub.group,
-        aggregation=cfg.aggregation,
-        token_count=token_count,
-        seq_count=seq_count,
-        **params,
-    )
+    return coefficients(
+        cfg.objective, logp, sub.old_logp, advantages, sub.completion_mask, sub.group,
+        aggregation=cfg.aggregation, token_count=counts.tokens, seq_count=counts.sequences, **params,
+    )  # fmt: skip
+
+
+def surrogate(logp: Tensor, coef: Tensor, mask: Tensor, world: int) -> Tensor:
+    """−W·Σ_{i,t} c_{i,t}·logp_{i,t}: its gradient is −W·c on every log-prob (c a constant)."""
+    logp = torch.where(mask.bool(), logp, torch.zeros_like(logp))  # padding: no gradient, whatever it holds
+    return -(coef.detach() * logp).sum() * world
+
+
+def backpropagate(
+    accelerator: Any,
+    model: Any,
+    cfg: RunConfig,
+    sub: RolloutBatch,
+    coef: Tensor,
+    micro: list[Tensor],
+    logp: Tensor,
+) -> None:
+    """Accumulate ∇θ of the mini-batch's loss, −Σ c·∇θ logp (× W for DDP's mean), into ``.grad``.
+
+    One micro-batch: backward through ``logp``, the forward pass that gave the coefficients' log-probs.
+    Several: per micro-batch, a forward pass with the graph and the backward of its rows' coefficients;
+    DDP synchronises on the last backward only (``accelerator.no_sync`` before it).
+    """
+    world = accelerator.num_processes
+    if len(micro) == 1:
+        accelerator.backward(surrogate(logp, coef, sub.completion_mask, world))
+        return
+    for k, rows in enumerate(micro):
+        part = sub.select(rows)
+        with nullcontext() if k == len(micro) - 1 else accelerator.no_sync(model):
+            logp_k = policy_logprobs(model, part, cfg)["logp"]
+            accelerator.backward(surrogate(logp_k, coef[rows], part.completion_mask, world))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -377,33 +490,96 @@ def _loss(
 
 @dataclass
 class UpdateResult:
-    metrics: dict[str, float]
+    """What one RL step's update did, for the log row.
+
+    Attributes:
+        metrics: the objective's metrics of the last mini-batch (empty without an update).
+        opt_steps: optimizer steps taken; grad_norm: the last one's norm before clipping.
+        meter: this process's cancellation-meter sums (add them over processes, then ``.residuals()``).
+        energy: ``ENERGY_KEYS`` → share, of the first mini-batch (NaN: not measured).
+        flip: ``FLIP_KEYS`` → fraction, of the last mini-batch.
+    """
+
+    metrics: dict[str, float] = field(default_factory=dict)
     opt_steps: int = 0
     grad_norm: float = math.nan
-    flip: dict[str, float] = field(default_factory=dict)
-    energy: list[float] = field(default_factory=lambda: [math.nan] * NUM_ENERGY_BUCKETS)
-    residual: tuple[float, float, float, float] = (
-        0.0,
-        0.0,
-        0.0,
-        0.0,
-    )  # net, gross (shared); net, gross (whole)
+    meter: MeterTotals = field(default_factory=MeterTotals)
+    energy: dict[str, float] = field(default_factory=lambda: dict.fromkeys(ENERGY_KEYS, math.nan))
+    flip: dict[str, float] = field(default_factory=lambda: dict.fromkeys(FLIP_KEYS, math.nan))
 
 
-def _shared_events(batch: RolloutBatch) -> tuple[Any, Tensor, Tensor]:
-    """The batch's (group, prefix, token) events, and which are shared (≥ 2) / in every group member."""
-    mask = batch.completion_mask
-    keys = prefix_event_keys(batch.completion_ids, mask, batch.group)
-    index = event_index(keys, mask)
-    e = index.count.shape[0]
-    _, ginv, gsize = torch.unique(batch.group, return_inverse=True, return_counts=True)
-    valid = index.inverse < e
-    ev_group = torch.zeros(e, dtype=torch.long, device=mask.device)
-    rows = torch.arange(mask.shape[0], device=mask.device)[:, None].expand_as(mask)
-    ev_group[index.inverse[valid]] = ginv[rows[valid]]
-    shared = index.count >= 2
-    whole = shared & (index.count == gsize[ev_group])
-    return index, shared, whole
+class UpdateDiagnostics:
+    """What the trainer measures about an update, beside it: ``update`` calls these hooks, in order.
+
+    - the cancellation meter (``cancellation.update.CancellationMeter``) built on the step batch, fed
+      each optimizer step's coefficients;
+    - energy by token-frequency bucket (DFPO eq. 24) of the **first** mini-batch;
+    - token flips (002 App. C) of the **last** mini-batch: its log-probs before its optimizer step and
+      after the step's last one (a no-grad pass in ``finish``);
+    - ``first_grads`` (debug): the first optimizer step's gradients, after the cross-process reduction,
+      before clipping.
+    """
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        accelerator: Any,
+        model: Any,
+        batch: RolloutBatch,
+        first_grads: dict[str, Tensor] | None,
+    ) -> None:
+        self.cfg, self.accelerator, self.model, self.batch = cfg, accelerator, model, batch
+        self.first_grads = first_grads
+        self.unwrapped = accelerator.unwrap_model(model)
+        mask = batch.completion_mask
+        keys = prefix_event_keys(batch.completion_ids, mask, batch.group)
+        self.meter = CancellationMeter(keys, mask, batch.group)
+        self.result = UpdateResult()
+        self.last: tuple[RolloutBatch, Tensor] | None = (
+            None  # (rows, log-probs before) of the last mini-batch
+        )
+
+    def wants_hidden(self, sub: RolloutBatch) -> bool:
+        """Whether this mini-batch's forward pass should also return the energy inputs (the first one only)."""
+        size = len(sub) * sub.completion_mask.shape[1] * _vocab(self.unwrapped)
+        return self.result.opt_steps == 0 and size <= ENERGY_MAX_ELEMENTS
+
+    def after_backward(self) -> None:
+        if self.first_grads is not None and self.result.opt_steps == 0:
+            for name, p in self.unwrapped.named_parameters():
+                if p.requires_grad and p.grad is not None:
+                    self.first_grads[name] = p.grad.detach().cpu().clone()
+
+    def after_step(
+        self, mb: MiniBatch, sub: RolloutBatch, fwd: dict[str, Tensor], co: Coefficients, grad_norm: float
+    ) -> None:
+        res = self.result
+        self.meter.add(co.coef, mb.rows)
+        if "probs" in fwd and float(sub.completion_mask.sum()) > 0:
+            shares = energy_by_bucket(
+                co.coef.double(), fwd["probs"], sub.completion_ids, sub.completion_mask,
+                hidden_norm=fwd["hidden_norm"], num_buckets=NUM_ENERGY_BUCKETS,
+            )  # fmt: skip
+            res.energy = dict(zip(ENERGY_KEYS, shares.tolist(), strict=True))
+        if co.metrics:
+            res.metrics = co.metrics
+        res.grad_norm = grad_norm
+        res.opt_steps += 1
+        self.last = (sub, fwd["logp"].detach())
+
+    def finish(self) -> UpdateResult:
+        res = self.result
+        res.meter = self.meter.totals
+        if self.last is not None:
+            sub, before = self.last
+            with torch.no_grad(), full_params(self.accelerator, self.model):
+                was = self.unwrapped.training
+                self.unwrapped.eval()
+                after = policy_logprobs(self.unwrapped, sub, self.cfg)["logp"]
+                self.unwrapped.train(was)
+            # 002 App. C eq. (16): the last mini-batch's log-probs before vs after its update
+            res.flip = token_flip_stats(before, after, sub.advantages, sub.completion_mask)
+        return res
 
 
 def update(
@@ -412,123 +588,49 @@ def update(
     model: Any,
     optimizer: Any,
     batch: RolloutBatch,
-    loss_adv: Tensor,
+    advantages: Tensor,
     generator: torch.Generator,
     first_grads: dict[str, Tensor] | None = None,
 ) -> UpdateResult:
-    """Lopti stages × ``inner_epochs`` × mini-batches, one optimizer step per mini-batch.
+    """One RL step's optimizer steps on ``batch``: Lopti stages × ``inner_epochs`` × mini-batches.
 
-    With ``cfg.micro_batch_size`` > 0 each mini-batch's rows are run in micro-batches of that size
-    (gradient accumulation; ``accelerator.no_sync`` on all but the last), each loss normalised by the
-    mini-batch's global counts: the accumulated gradient is the one-pass gradient. Metrics, the
-    shared-prefix residual and the energy diagnostic cover the whole mini-batch either way.
-
-    ``first_grads`` (debug): when given, filled with the trainable parameters' gradients of the first
-    optimizer step (after the cross-process reduction, before clipping), keyed by parameter name.
+    Args:
+        batch: the update batch (rewards, truncation and advantages applied).
+        advantages: (B,) or (B, T) (after Advantage Reweighting) advantages of its rows.
+        generator: the mini-batch split's RNG.
+        first_grads: debug; filled with the first optimizer step's gradients (``UpdateDiagnostics``).
     """
-    res = UpdateResult(metrics={})
-    world = accelerator.num_processes
-    if cfg.lopti_eta is not None:
-        # Lopti (004 notes): update the low-probability tokens first, then the rest; same old log-probs
-        stages = [s.float() for s in lopti_masks(batch.old_logp, batch.completion_mask, cfg.lopti_eta)]
-    else:
-        stages = [batch.completion_mask]
-    index, shared, whole = _shared_events(batch)
-    net_s = gross_s = net_w = gross_w = 0.0
-    unwrapped = accelerator.unwrap_model(model)
+    schedule = Schedule(
+        inner_epochs=cfg.inner_epochs, num_minibatches=cfg.num_minibatches, batching=cfg.batching,
+        lopti_eta=cfg.lopti_eta,
+    )  # fmt: skip
+    steps = minibatches(
+        batch.group, advantages, schedule, old_logp=batch.old_logp, mask=batch.completion_mask,
+        generator=generator, any_process=lambda flag: _any_process(accelerator, flag),
+    )  # fmt: skip
     params = [p for p in model.parameters() if p.requires_grad]
-    n_mb = 0
-    for stage_mask in stages:
-        for _ in range(cfg.inner_epochs):
-            group_cpu = batch.group.cpu()
-            parts = split_minibatches(group_cpu, cfg.num_minibatches, mode=cfg.batching, generator=generator)
-            for idx in parts:
-                idx = idx.to(batch.group.device)
-                local = torch.tensor(
-                    [float(stage_mask[idx].sum()), float(len(idx))],
-                    device=accelerator.device,
-                    dtype=torch.float64,
-                )
-                token_count, seq_count = (float(x) for x in accelerator.reduce(local, "sum"))
-                if token_count == 0:
-                    continue  # no token of this stage in the mini-batch on any process
-                first = n_mb == 0
-                n_mb += 1
-                with_hidden = (
-                    first
-                    and idx.numel() * batch.completion_mask.shape[1] * _vocab(unwrapped)
-                    <= ENERGY_MAX_ELEMENTS
-                )
-                # gradient accumulation: micro-batches of the mini-batch's rows (in order), each normalised
-                # by the whole mini-batch's global counts, so their gradients sum to the mini-batch's
-                size = cfg.micro_batch_size or idx.numel()
-                micro = list(idx.split(size))
-                logps, extras_mb, metrics = [], [], {}
-                for k, mb in enumerate(micro):
-                    sync = k == len(micro) - 1  # DDP: reduce the gradients once, on the last backward
-                    with nullcontext() if sync else accelerator.no_sync(model):
-                        loss, mb_metrics, logp, extras = minibatch_loss(
-                            model, batch, mb, cfg, loss_adv, mask=stage_mask,
-                            token_count=token_count, seq_count=seq_count, with_hidden=with_hidden,
-                        )  # fmt: skip
-                        logp.retain_grad()
-                        # DDP averages gradients over the W processes: scale by W to apply Σ_p ∇S_p / N
-                        accelerator.backward(loss * world)
-                    metrics = mb_metrics
-                    # the coefficients this optimiser step applies: ∂J/∂logp = −∂(W·loss)/∂logp / W
-                    grad = logp.grad.detach() if logp.grad is not None else torch.zeros_like(logp)
-                    logps.append((logp.detach(), -grad / world))
-                    if with_hidden:
-                        extras_mb.append(extras)
-                logp_mb = torch.cat([lp for lp, _ in logps])
-                coef_mb = torch.cat([c for _, c in logps])
-                if len(micro) > 1:
-                    # the metrics of the whole mini-batch, as one pass would report them
-                    metrics = minibatch_metrics(
-                        batch, idx, cfg, loss_adv, logp_mb, mask=stage_mask,
-                        token_count=token_count, seq_count=seq_count,
-                    )  # fmt: skip
-                if metrics:
-                    res.metrics = metrics
-                coef_mb = torch.where(stage_mask[idx].bool(), coef_mb, torch.zeros_like(coef_mb))
-                coef = torch.zeros_like(batch.old_logp).index_copy_(0, idx, coef_mb.to(batch.old_logp.dtype))
-                net, gro = event_sums(coef, index)
-                net_s += float(net.abs()[shared].sum())
-                gross_s += float(gro[shared].sum())
-                net_w += float(net.abs()[whole].sum())
-                gross_w += float(gro[whole].sum())
-                if with_hidden:
-                    sub_mask = stage_mask[idx]
-                    if float(sub_mask.sum()) > 0:
-                        res.energy = energy_by_bucket(
-                            coef_mb.double(), torch.cat([e["probs"] for e in extras_mb]),
-                            batch.completion_ids[idx], sub_mask,
-                            hidden_norm=torch.cat([e["hidden_norm"] for e in extras_mb]),
-                            num_buckets=NUM_ENERGY_BUCKETS,
-                        ).tolist()  # fmt: skip
-                if first_grads is not None and res.opt_steps == 0:
-                    for name, p in unwrapped.named_parameters():
-                        if p.requires_grad and p.grad is not None:
-                            first_grads[name] = p.grad.detach().cpu().clone()
-                max_norm = cfg.grad_clip if cfg.grad_clip is not None else float("inf")
-                res.grad_norm = float(accelerator.clip_grad_norm_(params, max_norm))
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                res.opt_steps += 1
-                last_idx, logp_before, last_mask = idx, logp_mb, stage_mask[idx]
-    if res.opt_steps:
-        with torch.no_grad(), full_params(accelerator, model):
-            was = unwrapped.training
-            unwrapped.eval()
-            sub = batch.select(last_idx)
-            after = completion_logprobs(
-                unwrapped, sub.input_ids, sub.attention_mask, sub.completion_mask.shape[1]
-            )
-            unwrapped.train(was)
-        # 002 App. C eq. (16): the last mini-batch's log-probs before vs after its update
-        res.flip = token_flip_stats(logp_before, after["logp"], sub.advantages, last_mask)
-    res.residual = (net_s, gross_s, net_w, gross_w)
-    return res
+    max_norm = cfg.grad_clip if cfg.grad_clip is not None else math.inf
+    diagnostics = UpdateDiagnostics(cfg, accelerator, model, batch, first_grads)
+    with dropout_off(model):  # every pass computes the same function as the old-log-prob pass
+        for mb in steps:
+            sub = batch.select(mb.rows)
+            counts = global_counts(accelerator, sub.completion_mask)
+            if counts.tokens == 0:
+                continue  # no token of this mini-batch on any process
+            micro = micro_batches(len(sub), cfg.micro_batch_size)
+            # 1. the current log-probs of the whole mini-batch
+            fwd = minibatch_logprobs(model, sub, cfg, micro, with_hidden=diagnostics.wants_hidden(sub))
+            # 2. its coefficients ∂J/∂logp: one compute_loss call on the whole mini-batch
+            co = minibatch_coefficients(cfg, sub, mb.advantages, fwd["logp"].detach(), counts)
+            # 3. ∇θ J = Σ c·∇θ logp into .grad (micro-batch by micro-batch: the same gradient)
+            backpropagate(accelerator, model, cfg, sub, co.coef, micro, fwd["logp"])
+            diagnostics.after_backward()
+            # 4. clip, step
+            grad_norm = float(accelerator.clip_grad_norm_(params, max_norm))
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            diagnostics.after_step(mb, sub, fwd, co, grad_norm)
+    return diagnostics.finish()
 
 
 def _vocab(model: Any) -> int:
@@ -545,7 +647,7 @@ def evaluate(
     """Greedy accuracy and avg@k (mean reward of k samples) on this process's share of the held-out prompts."""
     mine = tasks[accelerator.process_index :: accelerator.num_processes]
     unwrapped = accelerator.unwrap_model(model)
-    sums = torch.zeros(3, dtype=torch.float64, device=accelerator.device)
+    local = {"greedy_correct": 0.0, "mean_sampled_reward": 0.0, "prompts": float(len(mine))}
     if mine:
         prompts = [format_prompt(tokenizer, t.prompt) for t in mine]
         answers = [t.answer for t in mine]
@@ -562,14 +664,14 @@ def evaluate(
             cfg.reward, [p for p in prompts for _ in range(k)], sampled, [a for a in answers for _ in range(k)],
             cfg.failure_reward,
         )  # fmt: skip
-        sums += torch.tensor(
-            [sum(r >= 1.0 for r in r_greedy), sum(r_k) / k, len(mine)],
-            dtype=torch.float64,
-            device=sums.device,
-        )
-    sums = accelerator.reduce(sums, "sum")
-    n = max(float(sums[2]), 1.0)
-    return {"eval/greedy_accuracy": float(sums[0]) / n, f"eval/avg@{cfg.eval_k}": float(sums[1]) / n}
+        local["greedy_correct"] = float(sum(r >= 1.0 for r in r_greedy))
+        local["mean_sampled_reward"] = sum(r_k) / k  # summed over prompts: Σ_prompts mean of its k rewards
+    total = _sum_over_processes(accelerator, local)
+    n = max(total["prompts"], 1.0)
+    return {
+        "eval/greedy_accuracy": total["greedy_correct"] / n,
+        f"eval/avg@{cfg.eval_k}": total["mean_sampled_reward"] / n,
+    }
 
 
 # ------------------------------------------------------------------------------------------------
@@ -613,13 +715,16 @@ def train(
     train_tasks = load_tasks(cfg, "train", cfg.num_train)
     eval_tasks = load_tasks(cfg, "eval", cfg.num_eval) if cfg.eval_every > 0 and cfg.num_eval > 0 else []
     formatted = {id(t): format_prompt(tokenizer, t.prompt) for t in train_tasks}
+    buffer = None if cfg.reward_balanced_rho is None else make_buffer(cfg, tokenizer.pad_token_id)
 
     # ---- resume
-    start, buffer = 0, None
+    start = 0
     if cfg.resume:
         ckpt = latest_checkpoint(out_dir)
         if ckpt is not None:
-            start, buffer, _ = load_checkpoint(accelerator, model, optimizer, scheduler, ckpt)
+            start, buffered, _ = load_checkpoint(accelerator, model, optimizer, scheduler, ckpt)
+            if buffer is not None and buffered is not None:
+                buffer.push(buffered, buffered.advantages, buffered.group)
             accelerator.print(f"resumed from {ckpt} (step {start})")
         else:
             accelerator.print(f"--resume: no checkpoint in {out_dir}/checkpoints, starting from step 0")
@@ -637,11 +742,13 @@ def train(
         seed = step_seed(cfg.seed, step, rank)
         torch.manual_seed(seed)
         generator = torch.Generator().manual_seed(seed + 1)
+        dump = None if debug_dir is None else Path(debug_dir) / f"rank{rank}"
 
-        # ---- rollouts: G completions for each of this process's prompts
+        # ---- 1. rollouts: G completions for each of this process's prompts
         replay = None if replay_dir is None else Path(replay_dir) / f"step_{step:06d}_rollouts.pt"
-        if replay is not None and replay.is_file():
-            # debug: train on saved rollouts (their texts and rewards) instead of sampling
+        replayed = replay is not None and replay.is_file()
+        if replayed:
+            # debug: train on saved rollouts (their texts, masks and rewards) instead of sampling
             batch = torch.load(replay, map_location=accelerator.device, weights_only=False)
             roll = _replay_stats(batch)
         else:
@@ -650,99 +757,84 @@ def train(
                 batch, roll = generate_rollouts(
                     unwrapped, tokenizer, [formatted[id(t)] for _, t in mine], [t.answer for _, t in mine],
                     [k for k, _ in mine], num_generations=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
-                    temperature=cfg.temperature, top_p=cfg.top_p, mask_truncated=cfg.mask_truncated,
-                    ref_model_ctx=ref_ctx,
+                    temperature=cfg.temperature, top_p=cfg.top_p, ref_model_ctx=ref_ctx,
                 )  # fmt: skip
         t_gen = time.perf_counter() - t0
 
-        # ---- rewards and group-relative advantages (DFPO eq. 43)
-        if replay is not None and replay.is_file():
-            failures = 0
-        else:
+        # ---- 2. rewards, truncation, group-relative advantages (DFPO eq. 43) over the rows in the loss
+        failures = 0
+        if not replayed:
             rewards, failures = compute_rewards(
                 cfg.reward, batch.prompts, batch.completions, batch.answers, cfg.failure_reward
             )
             batch.rewards = torch.tensor(rewards, dtype=torch.float32, device=batch.group.device)
-        batch.advantages = group_advantages(batch.rewards, batch.group, scale=cfg.adv_scale).float()
-        dump = None if debug_dir is None else Path(debug_dir) / f"rank{rank}"
+        valid = apply_truncation(cfg, batch)
+        batch.advantages = group_advantages(
+            batch.rewards, batch.group, scale=cfg.adv_scale, valid=valid
+        ).float()
         if dump is not None:
             dump.mkdir(parents=True, exist_ok=True)
             torch.save(batch.to("cpu"), dump / f"step_{step:06d}_rollouts.pt")
 
-        # ---- reward-balanced batching (002 Sec. 4): update only on a buffer selection meeting ρ
+        # ---- 3. the update batch: this step's, or a reward-balanced selection (002 Sec. 4)
         update_batch: RolloutBatch | None = batch
-        if cfg.reward_balanced_rho is not None:
-            buffer = batch if buffer is None else concat_batches([buffer, batch], tokenizer.pad_token_id)
-            sel = reward_balanced_select(
-                buffer.advantages, buffer.group, cfg.reward_balanced_rho, cfg.prompts_per_step
-            )
-            ok = torch.tensor([0.0 if sel is None else 1.0], device=accelerator.device)
-            if float(accelerator.reduce(ok, "sum")) == world:  # every process must step together
-                keep = torch.ones(len(buffer), dtype=torch.bool, device=buffer.group.device)
-                keep[sel] = False
-                update_batch = buffer.select(sel)
-                buffer = buffer.select(torch.nonzero(keep).flatten())
-            else:
-                update_batch = None
-            buffer = _cap_buffer(buffer, 4 * cfg.prompts_per_step)
+        if buffer is not None:
+            buffer.push(batch, batch.advantages, batch.group)
+            selection = buffer.selection()
+            # every process must step together: take nothing unless every process has a selection
+            everyone = not _any_process(accelerator, selection is None)
+            update_batch = buffer.pop(selection if everyone else None)
 
-        # ---- update
+        # ---- 4. the update
         t1 = time.perf_counter()
-        grads: dict[str, Tensor] | None = {} if dump is not None else None
+        first_grads: dict[str, Tensor] | None = {} if dump is not None else None
+        res = UpdateResult()
         if update_batch is not None:
             adv = update_batch.advantages
             if cfg.ar_alpha is not None:
                 # Advantage Reweighting (004 notes): per-token A·[α·π_old + (1 − α)]
                 adv = reweight_advantages(adv, update_batch.old_logp, cfg.ar_alpha)
-            # the debug keyword only when dumping (tests may replace ``update`` with a 7-argument spy)
-            debug_kw = {} if grads is None else {"first_grads": grads}
-            res = update(cfg, accelerator, model, optimizer, update_batch, adv, generator, **debug_kw)
-        else:
-            res = UpdateResult(metrics={})
+            res = update(
+                cfg, accelerator, model, optimizer, update_batch, adv, generator, first_grads=first_grads
+            )
         scheduler.step()
         t_upd = time.perf_counter() - t1
         if dump is not None:
-            torch.save(grads, dump / f"step_{step:06d}_grads.pt")
+            torch.save(first_grads, dump / f"step_{step:06d}_grads.pt")
             trainable = {
                 n: p.detach().cpu().clone() for n, p in unwrapped.named_parameters() if p.requires_grad
             }
             torch.save(trainable, dump / f"step_{step:06d}_trainable.pt")
 
-        # ---- diagnostics (same keys as the toy where they exist)
+        # ---- 5. the log row (same keys as the toy where they exist)
         all_rewards = accelerator.gather(batch.rewards)
-        local = {k: res.metrics.get(k, math.nan) for k in METRIC_KEYS}
-        local.update({k: res.flip.get(k, math.nan) for k in FLIP_KEYS})
-        local.update(dict(zip(ENERGY_KEYS, res.energy, strict=True)))
-        local.update(
-            completion_length=roll["completion_length"], truncated_frac=roll["truncated_frac"],
-            entropy=roll["entropy"], grad_norm=res.grad_norm,
-        )  # fmt: skip
-        row = _mean_over_processes(accelerator, local)
-        sums = accelerator.reduce(
-            torch.tensor(
-                [*res.residual, float(failures), roll["tokens_generated"]],
-                dtype=torch.float64,
-                device=accelerator.device,
-            ),
-            "sum",
-        ).tolist()
+        row = _mean_over_processes(accelerator, {
+            **{k: res.metrics.get(k, math.nan) for k in METRIC_KEYS}, **res.flip, **res.energy,
+            "completion_length": roll["completion_length"], "truncated_frac": roll["truncated_frac"],
+            "entropy": roll["entropy"], "grad_norm": res.grad_norm,
+        })  # fmt: skip
+        totals = _sum_over_processes(accelerator, {
+            "reward_failures": float(failures), "tokens_generated": roll["tokens_generated"],
+            "truncation/dropped_groups": float(dropped_groups(batch.group, valid)),
+        })  # fmt: skip
+        meter = MeterTotals.from_list(_sum_list(accelerator, res.meter.as_list()))
         dt = time.perf_counter() - t0
         row.update({
             "sampled_reward": float(all_rewards.mean()),
             "reward/mean": float(all_rewards.mean()),
             "reward/std": float(all_rewards.std()) if all_rewards.numel() > 1 else 0.0,
             "accuracy": float((all_rewards >= 1.0).float().mean()),
-            "reward_failures": sums[4],
-            "shared_residual": sums[0] / sums[1] if sums[1] > _NOISE else math.nan,
-            "group_shared_residual": sums[2] / sums[3] if sums[3] > _NOISE else math.nan,
+            "reward_failures": totals["reward_failures"],
+            "truncation/dropped_groups": totals["truncation/dropped_groups"],
+            **meter.residuals(),
             "lr": scheduler.get_last_lr()[0],
             "opt_steps": float(res.opt_steps),
             "updated": 1.0 if update_batch is not None else 0.0,
-            "buffer_groups": float(0 if buffer is None else buffer.group.unique().numel()),
+            "buffer_groups": float(0 if buffer is None else buffer.num_buffered),
             "time/step_s": dt,
             "time/generate_s": t_gen,
             "time/update_s": t_upd,
-            "time/tokens_per_s": sums[5] / dt,
+            "time/tokens_per_s": totals["tokens_generated"] / dt,
         })  # fmt: skip
 
         # ---- eval, log, checkpoint
@@ -753,7 +845,8 @@ def train(
         logger.log(step, row)
         rows.append(row)
         if (cfg.save_every > 0 and step % cfg.save_every == 0) or step == cfg.steps:
-            save_checkpoint(accelerator, model, optimizer, scheduler, step, out_dir, buffer=buffer)
+            buffered = None if buffer is None else buffer.payload
+            save_checkpoint(accelerator, model, optimizer, scheduler, step, out_dir, buffer=buffered)
     logger.close()
     accelerator.wait_for_everyone()
     return TrainResult(rows=rows, model=accelerator.unwrap_model(model), tokenizer=tokenizer)
@@ -809,15 +902,24 @@ def _replay_stats(batch: RolloutBatch) -> dict[str, float]:
     }
 
 
-def _cap_buffer(buffer: RolloutBatch | None, max_groups: int) -> RolloutBatch | None:
-    """Keep the newest ``max_groups`` groups of the buffer (a smaller group id is older)."""
-    if buffer is None or len(buffer) == 0:
-        return None
-    ids = buffer.group.unique()
-    if ids.numel() <= max_groups:
-        return buffer
-    keep_ids = ids[-max_groups:]
-    return buffer.select(torch.nonzero(torch.isin(buffer.group, keep_ids)).flatten())
+def _any_process(accelerator: Any, flag: bool) -> bool:
+    """Whether ``flag`` holds on any process (all processes call this together)."""
+    if accelerator.num_processes == 1:
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], dtype=torch.float64, device=accelerator.device)
+    return float(accelerator.reduce(t, "sum")) > 0
+
+
+def _sum_list(accelerator: Any, values: list[float]) -> list[float]:
+    """Element-wise sum of ``values`` over processes."""
+    if accelerator.num_processes == 1:
+        return [float(v) for v in values]
+    t = torch.tensor(values, dtype=torch.float64, device=accelerator.device)
+    return accelerator.reduce(t, "sum").tolist()
+
+
+def _sum_over_processes(accelerator: Any, values: dict[str, float]) -> dict[str, float]:
+    return dict(zip(values, _sum_list(accelerator, list(values.values())), strict=True))
 
 
 def _mean_over_processes(accelerator: Any, values: dict[str, float]) -> dict[str, float]:

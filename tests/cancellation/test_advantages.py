@@ -155,3 +155,72 @@ def test_group_advantages_errors() -> None:
         group_advantages(torch.zeros(3), g, scale="std")
     with pytest.raises(TypeError, match=r"rewards.*torch.Tensor"):
         group_advantages([1.0, 0.0, 1.0], g)  # type: ignore[arg-type]
+
+
+def _valid_loop(rewards: list[float], group: list[int], valid: list[bool], scale: str) -> list[float]:
+    """Advantages over the valid rows only, with a plain loop: invalid rows 0, groups of < 2 valid rows 0."""
+    out = [0.0] * len(rewards)
+    kept = [r for r, v in zip(rewards, valid, strict=True) if v]
+    if scale == "batch" and len(kept) > 1:
+        mu_b = sum(kept) / len(kept)
+        batch_std = math.sqrt(sum((r - mu_b) ** 2 for r in kept) / (len(kept) - 1))
+    else:
+        batch_std = 0.0
+    for gid in dict.fromkeys(group):
+        idx = [i for i, g in enumerate(group) if g == gid and valid[i]]
+        vals = [rewards[i] for i in idx]
+        if len(idx) < 2 or max(vals) == min(vals):
+            continue
+        mu = sum(vals) / len(vals)
+        if scale == "group":
+            denom = math.sqrt(sum((v - mu) ** 2 for v in vals) / (len(vals) - 1)) + 1e-6
+        elif scale == "batch":
+            denom = batch_std + 1e-6
+        else:
+            denom = 1.0
+        for i in idx:
+            out[i] = (rewards[i] - mu) / denom
+    return out
+
+
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+@pytest.mark.parametrize("seed", range(4))
+def test_group_advantages_valid_rows_equal_plain_loop(scale: str, seed: int) -> None:
+    """Truncated (invalid) rows: advantage 0, out of their group's mean and std; Σ Â = 0 over valid rows."""
+    group = _shuffled_groups(seed)
+    rewards = _rewards(seed, len(group), "uniform")
+    rng = random.Random(100 + seed)
+    valid = [rng.random() < 0.6 for _ in group]
+    got = group_advantages(
+        torch.tensor(rewards, dtype=torch.float64),
+        torch.tensor(group),
+        scale=scale,
+        valid=torch.tensor(valid),
+    )
+    want = _valid_loop(rewards, group, valid, scale)
+    torch.testing.assert_close(got, torch.tensor(want, dtype=torch.float64), rtol=1e-12, atol=1e-12)
+    assert all(float(got[i]) == 0.0 for i, v in enumerate(valid) if not v)
+    for gid in set(group):
+        idx = [i for i, g in enumerate(group) if g == gid and valid[i]]
+        assert abs(sum(float(got[i]) for i in idx)) <= 1e-9
+    # some group is left with < 2 valid rows (all 0) and some is not (the case is exercised)
+    sizes = [sum(1 for i, g in enumerate(group) if g == gid and valid[i]) for gid in set(group)]
+    assert min(sizes) < 2 <= max(sizes)
+
+
+def test_group_advantages_valid_edge_cases() -> None:
+    g = torch.tensor([0, 0, 0, 1, 1])
+    r = torch.tensor([1.0, 0.0, 5.0, 1.0, 0.0])
+    # all valid: the plain call; none valid: all zeros
+    torch.testing.assert_close(
+        group_advantages(r, g, valid=torch.ones(5, dtype=torch.bool)), group_advantages(r, g)
+    )
+    assert torch.equal(group_advantages(r, g, valid=torch.zeros(5, dtype=torch.bool)), torch.zeros(5))
+    # the 5.0 row truncated: group 0 is (1, 0) → ±1/(sqrt(1/2)+eps); group 1 keeps one row → 0
+    got = group_advantages(r, g, valid=torch.tensor([True, True, False, True, False]))
+    a = 0.5 / (math.sqrt(0.5) + 1e-6)
+    torch.testing.assert_close(got, torch.tensor([a, -a, 0.0, 0.0, 0.0]))
+    with pytest.raises(TypeError, match="`valid`"):
+        group_advantages(r, g, valid=torch.ones(5))
+    with pytest.raises(ValueError, match="`valid`"):
+        group_advantages(r, g, valid=torch.ones(4, dtype=torch.bool))

@@ -8,6 +8,7 @@ import random
 import shutil
 
 import numpy as np
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -31,10 +32,12 @@ def _same(a, b):
             raise AssertionError(f"{k}: {a[k]} != {b[k]}")
 
 
-def test_resume_equals_uninterrupted(tiny_model, tmp_path):
+@pytest.mark.parametrize("rho", [None, 0.4], ids=["plain", "reward_balanced"])
+def test_resume_equals_uninterrupted(tiny_model, tmp_path, rho):
+    """With ``rho`` the reward-balanced buffer holds groups at the step-4 checkpoint: resume restores them."""
+    kw = dict(steps=8, save_every=4, num_minibatches=2, lr=5e-3, warmup_ratio=0.25, reward_balanced_rho=rho)
     full = tmp_path / "full"
-    cfg = make_cfg(tiny_model, full, steps=8, save_every=4, num_minibatches=2, lr=5e-3, warmup_ratio=0.25)
-    tr.train(cfg)
+    tr.train(make_cfg(tiny_model, full, **kw))
     # the "killed" run: the same run stopped right after its step-4 checkpoint (later files removed)
     killed = tmp_path / "killed"
     shutil.copytree(full, killed)
@@ -42,21 +45,12 @@ def test_resume_equals_uninterrupted(tiny_model, tmp_path):
     lines = (killed / "metrics.jsonl").read_text().splitlines()
     (killed / "metrics.jsonl").write_text("\n".join(lines[:5]) + "\n")  # steps 1-4 and a torn step 5
     assert latest_checkpoint(killed) == checkpoint_dir(killed, 4)
-    resumed = tr.train(
-        make_cfg(
-            tiny_model,
-            killed,
-            steps=8,
-            save_every=4,
-            num_minibatches=2,
-            lr=5e-3,
-            warmup_ratio=0.25,
-            resume=True,
-        )
-    )
+    resumed = tr.train(make_cfg(tiny_model, killed, resume=True, **kw))
     assert len(resumed.rows) == 4  # steps 5..8 only
     rows_full, rows_res = read_metrics(full), read_metrics(killed)
     assert [r["step"] for r in rows_res] == list(range(1, 9))
+    if rho is not None:  # the buffer matters: groups were waiting at the checkpoint, and some update ran
+        assert rows_full[3]["buffer_groups"] > 0 and sum(r["updated"] for r in rows_full[4:]) >= 1
     for a, b in zip(rows_full, rows_res, strict=True):
         _same(_comparable(a), _comparable(b))
     wa = load_file(str(checkpoint_dir(full, 8) / "adapter_model.safetensors"))

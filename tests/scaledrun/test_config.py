@@ -39,8 +39,27 @@ def test_overrides_win_over_yaml_and_yaml_over_defaults(tmp_path):
     assert cfg.objective_params() == {"length_norm": True, "transform": "orth_proj", "stop_grad": True}
     cfg = load_config(None, ["--objective", "grpo", "--epsilon_high", "0.28", "--beta", "0.01"])
     assert cfg.objective_params() == {"epsilon_high": 0.28, "beta": 0.01}
-    cfg = load_config(None, ["--no_mask_truncated", "--lora_target_modules", "q_proj", "v_proj"])
-    assert cfg.mask_truncated is False and cfg.lora_target_modules == ["q_proj", "v_proj"]
+    cfg = load_config(None, ["--truncation", "keep", "--lora_target_modules", "q_proj", "v_proj"])
+    assert cfg.truncation == "keep" and cfg.lora_target_modules == ["q_proj", "v_proj"]
+
+
+def test_estimator_and_truncation_fields(tmp_path):
+    assert (RunConfig().truncation, RunConfig().estimator) == ("mask", None)
+    cfg = load_config(None, ["--objective", "gspo", "--estimator", "paper"])
+    assert cfg.objective_params() == {"length_norm": True, "estimator": "paper"}
+    cfg = load_config(None, ["--objective", "dfpo", "--estimator", "ppo_clip", "--transform", "orth_proj"])
+    assert cfg.objective_params()["estimator"] == "ppo_clip"
+    assert load_config(None, ["--truncation", "failure_reward"]).truncation == "failure_reward"
+    # the removed `mask_truncated` names its replacement, from a YAML file and from the command line
+    path = tmp_path / "old.yaml"
+    path.write_text("mask_truncated: true\n")
+    for load in (
+        lambda: load_config(str(path), []),
+        lambda: load_config(None, ["--mask_truncated", "true"]),
+        lambda: load_config(None, ["--no_mask_truncated"]),
+    ):
+        with pytest.raises(ValueError, match="`truncation`"):
+            load()
 
 
 def test_presets_layer_under_yaml_and_cli(tmp_path):
@@ -120,6 +139,11 @@ def test_save_config_round_trips(tmp_path):
         (["--objective", "dfpo", "--ar_alpha", "0.2"], "ar_alpha", []),
         (["--objective", "dfpo", "--lopti_eta", "0.4"], "lopti_eta", []),
         (["--objective", "grpo", "--transform", "orth_proj"], "transform", []),
+        (["--objective", "dfpo", "--estimator", "exact"], "estimator", ["paper", "ppo_clip"]),
+        (["--objective", "grpo", "--estimator", "paper"], "estimator", []),
+        (["--objective", "dfpo", "--stop_grad", "false", "--estimator", "paper"], "estimator", []),
+        (["--objective", "gspo", "--estimator", "paper", "--lopti_eta", "0.4"], "estimator", []),
+        (["--truncation", "drop"], "truncation", ["mask", "failure_reward", "keep"]),
         (["--dtype", "float8"], "dtype", ["float32", "bfloat16"]),
         (["--preset", "qwen9"], "preset", list(PRESETS)),
     ],
@@ -154,8 +178,8 @@ def test_unknown_yaml_key_and_bad_yaml_types(tmp_path):
     path.write_text("group_size: eight\n")
     with pytest.raises(ValueError, match="`group_size`"):
         load_config(str(path), [])
-    path.write_text("mask_truncated: 3\n")
-    with pytest.raises(ValueError, match="`mask_truncated`"):
+    path.write_text("stop_grad: 3\n")
+    with pytest.raises(ValueError, match="`stop_grad`"):
         load_config(str(path), [])
 
 

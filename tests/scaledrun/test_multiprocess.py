@@ -16,6 +16,7 @@ weights after the step (``train``'s ``debug_dir`` hook: ``<dir>/rank<k>/step_<s>
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import subprocess
@@ -31,6 +32,7 @@ from transformers import AutoTokenizer
 import scaledrun.train as tr
 from scaledrun.config import load_config
 from scaledrun.rollout import concat_batches
+from scaledrun.runlog import read_metrics
 
 from .conftest import LENGTH_REWARD
 
@@ -58,6 +60,29 @@ def _load(path: Path):
     return torch.load(path, weights_only=False)
 
 
+def _launch_two(cfg_file: Path, out: Path, dbg: Path, *extra: str) -> None:
+    """``accelerate launch --multi_gpu --num_processes 2`` of the trainer on CPU (gloo), with debug dumps."""
+    cmd = [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+        "--main_process_port", str(_free_port()), "-m", "scaledrun.train",
+        "--import", "tests.scaledrun.conftest",  # registers the test reward in the launched processes
+        "--config", str(cfg_file), "--output_dir", str(out), "--debug_dir", str(dbg), *extra,
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+
+
+def _replay_union(tiny_model, dbg2: Path, replay: Path, steps: int) -> None:
+    """Write, per step, the concatenation of the two ranks' dumped rollouts into ``replay``."""
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    replay.mkdir()
+    for step in range(1, steps + 1):
+        parts = [_load(dbg2 / f"rank{k}" / f"step_{step:06d}_rollouts.pt") for k in (0, 1)]
+        torch.save(concat_batches(parts, tok.pad_token_id), replay / f"step_{step:06d}_rollouts.pt")
+
+
 @pytest.mark.slow
 def test_two_processes_match_one(tiny_model, tmp_path):
     cfg_file = tmp_path / "cfg.yaml"
@@ -82,16 +107,7 @@ def test_two_processes_match_one(tiny_model, tmp_path):
         )
     )
     out2, dbg2 = tmp_path / "run2", tmp_path / "debug2"
-    cmd = [
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-        "--main_process_port", str(_free_port()), "-m", "scaledrun.train",
-        "--import", "tests.scaledrun.conftest",  # registers the test reward in the launched processes
-        "--config", str(cfg_file), "--output_dir", str(out2), "--debug_dir", str(dbg2),
-    ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    _launch_two(cfg_file, out2, dbg2)
 
     r0, r1 = dbg2 / "rank0", dbg2 / "rank1"
     for step in (1, 2):
@@ -113,12 +129,8 @@ def test_two_processes_match_one(tiny_model, tmp_path):
         assert torch.equal(ckpt[k.replace(".default", "")], v)
 
     # (b) one process on the union of the two ranks' rollouts of each step
-    tok = AutoTokenizer.from_pretrained(tiny_model)
     replay = tmp_path / "replay"
-    replay.mkdir()
-    for step in (1, 2):
-        parts = [_load(r / f"step_{step:06d}_rollouts.pt") for r in (r0, r1)]
-        torch.save(concat_batches(parts, tok.pad_token_id), replay / f"step_{step:06d}_rollouts.pt")
+    _replay_union(tiny_model, dbg2, replay, 2)
     dbg1 = tmp_path / "debug1"
     cfg1 = load_config(str(cfg_file), ["--output_dir", str(tmp_path / "run1")])
     tr.train(cfg1, debug_dir=dbg1, replay_dir=replay)
@@ -156,6 +168,52 @@ def test_two_processes_match_one(tiny_model, tmp_path):
         w1 = _load(s0 / f"step_{step:06d}_trainable.pt")
         assert w2.keys() == w1.keys()
         assert _rel(_flat(w2), _flat(w1)) < RTOL, f"step {step}: weights differ from one process"
+
+
+@pytest.mark.slow
+def test_two_processes_with_micro_batches_of_one_match_one_process_in_one_pass(tiny_model, tmp_path):
+    """DFPO (positive QP) in two processes with micro-batches of 1 row = one process, whole mini-batches.
+
+    Off-policy (2 inner epochs at GSPO's ε: clipped sequences in the second) and truncated
+    completions (4 tokens at T = 1.5): the first gradient and the weights after every step agree to
+    1e-5, and the cancellation meter, summed over the processes, keeps DFPO's sequence_net_residual
+    ≤ 1e-6. One mini-batch per inner epoch: a split into several would draw different mini-batches in
+    one process than in two (several mini-batches are tested in one process, ``test_update.py``).
+    """
+    cfg = {
+        "model": str(tiny_model), "steps": 2, "group_size": 4, "prompts_per_step": 2, "max_new_tokens": 4,
+        "temperature": 1.5, "eval_every": 0, "save_every": 0, "warmup_ratio": 0.0, "num_train": 50,
+        "num_eval": 0, "reward": LENGTH_REWARD, "lr": 2e-3, "objective": "dfpo", "transform": "orth_proj_pos",
+        "inner_epochs": 2, "num_minibatches": 1, "truncation": "mask",
+    }  # fmt: skip
+    cfg_file = tmp_path / "cfg.yaml"
+    cfg_file.write_text(yaml.safe_dump(cfg))
+    out2, dbg2 = tmp_path / "run2", tmp_path / "debug2"
+    _launch_two(cfg_file, out2, dbg2, "--micro_batch_size", "1")
+    rows2 = read_metrics(out2)
+    assert [r["step"] for r in rows2] == [1, 2]
+    for r in rows2:
+        assert r["opt_steps"] == 2 and r["sequence_net_residual"] <= 1e-6, r
+    assert any(r["clip/frac"] > 0 for r in rows2)
+    truncated = [_load(dbg2 / f"rank{k}" / "step_000001_rollouts.pt").truncated for k in (0, 1)]
+    assert 0 < int(sum(t.sum() for t in truncated)) < 16
+
+    replay = tmp_path / "replay"
+    _replay_union(tiny_model, dbg2, replay, 2)
+    dbg1 = tmp_path / "debug1"
+    cfg1 = load_config(str(cfg_file), ["--output_dir", str(tmp_path / "run1"), "--micro_batch_size", "0"])
+    tr.train(cfg1, debug_dir=dbg1, replay_dir=replay)
+    g2, g1 = _load(dbg2 / "rank0" / "step_000001_grads.pt"), _load(dbg1 / "rank0" / "step_000001_grads.pt")
+    assert g2.keys() == g1.keys() and float(_flat(g1).abs().max()) > 0
+    assert _rel(_flat(g2), _flat(g1)) < RTOL
+    for step in (1, 2):
+        w2 = _load(dbg2 / "rank0" / f"step_{step:06d}_trainable.pt")
+        w1 = _load(dbg1 / "rank0" / f"step_{step:06d}_trainable.pt")
+        assert _rel(_flat(w2), _flat(w1)) < RTOL, f"step {step}: weights differ from one process"
+    rows1 = read_metrics(tmp_path / "run1")
+    for a, b in zip(rows1, rows2, strict=True):
+        assert math.isclose(a["sequence_net_residual"], b["sequence_net_residual"], abs_tol=1e-6)
+        assert math.isclose(a["shared_residual"], b["shared_residual"], rel_tol=1e-4)
 
 
 CONFIGS = {"ddp": "MULTI_GPU", "zero2": "DEEPSPEED", "zero3": "DEEPSPEED", "fsdp": "FSDP"}

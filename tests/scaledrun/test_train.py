@@ -1,8 +1,14 @@
-"""The trainer on the tiny Qwen3 (CPU): one step per objective, the loss is compute_loss, batching, Lopti, errors."""
+"""The trainer on the tiny Qwen3 (CPU): one step per objective, log-probs at the sampling temperature,
+the coefficients are compute_loss's, batching, Lopti, the reward-balanced buffer, truncation, errors.
+
+Exact micro-batching and the cancellation meter's invariants are in ``test_update.py``.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import math
+import zlib
 
 import pytest
 import torch
@@ -34,16 +40,20 @@ VARIANTS = [
     ("grpo", {}),
     ("grpo_symclip", {}),
     ("gspo", {}),
+    ("gspo", {"estimator": "paper"}),
     ("dfpo", {"transform": "min_replace"}),
     ("dfpo", {"transform": "orth_proj"}),
     ("dfpo", {"transform": "orth_proj_pos"}),
     ("dfpo", {"transform": "truncate_rebalance"}),
+    ("dfpo", {"estimator": "ppo_clip"}),
 ]
 
 
-@pytest.mark.parametrize(
-    ("objective", "params"), VARIANTS, ids=[f"{o}-{p.get('transform', '')}" for o, p in VARIANTS]
-)
+def _variant_id(objective, params):
+    return "-".join([objective, *(str(v) for v in params.values())])
+
+
+@pytest.mark.parametrize(("objective", "params"), VARIANTS, ids=[_variant_id(*v) for v in VARIANTS])
 def test_one_step_per_objective(tiny_model, tmp_path, objective, params):
     cfg = make_cfg(tiny_model, tmp_path / "run", objective=objective, **params)
     result = tr.train(cfg)
@@ -63,151 +73,214 @@ def test_one_step_per_objective(tiny_model, tmp_path, objective, params):
     assert [r["step"] for r in rows] == [1]
     assert set(tr.STEP_KEYS) <= set(rows[0])
     assert rows[0]["opt_steps"] == 1.0 and rows[0]["updated"] == 1.0
-    # the row's reward stats are those of the completions' lengths (the test reward), independently recomputed
     assert (tmp_path / "run" / "config.yaml").is_file()
     assert any((tmp_path / "run" / "tb").iterdir())
 
 
-def _rollout(cfg, model, tokenizer, seed=0):
+def _rollout(cfg, model, tokenizer, seed=0, temperature=1.0):
     torch.manual_seed(seed)
     tasks = tr.load_tasks(cfg, "train", cfg.num_train)[: cfg.prompts_per_step]
-    batch, _ = generate_rollouts(
+    batch, stats = generate_rollouts(
         model, tokenizer, [format_prompt(tokenizer, t.prompt) for t in tasks], [t.answer for t in tasks],
         list(range(len(tasks))), num_generations=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
-        temperature=1.0, top_p=1.0, mask_truncated=False,
+        temperature=temperature, top_p=1.0,
     )  # fmt: skip
-    return batch
+    return batch, stats
 
 
-def _own_logp(model, batch):
-    """log π of the completion tokens, computed here from the logits (positions skip the left padding)."""
+def _own_logp(model, batch, temperature=1.0):
+    """(log π, entropy) at ``temperature`` of the completion tokens, from the logits, one position at a time."""
     am = batch.attention_mask
     pos = (am.cumsum(-1) - 1).clamp(min=0)
     logits = model(input_ids=batch.input_ids, attention_mask=am, position_ids=pos).logits.float()
     t = batch.completion_mask.shape[1]
     p = batch.prompt_len
-    out = torch.zeros(len(batch), t)
+    rows, ents = [], []
     for i in range(len(batch)):
+        row, ent = [], []
         for j in range(t):
-            lsm = torch.log_softmax(logits[i, p + j - 1], -1)
-            out[i, j] = lsm[batch.input_ids[i, p + j]]
-    return out
+            lsm = torch.log_softmax(logits[i, p + j - 1] / temperature, -1)
+            row.append(lsm[batch.input_ids[i, p + j]])
+            ent.append(-(lsm.exp() * lsm).sum())
+        rows.append(torch.stack(row))
+        ents.append(torch.stack(ent))
+    return torch.stack(rows), torch.stack(ents)
 
 
-@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
-def test_minibatch_loss_is_compute_loss(tiny_model, tmp_path, aggregation):
-    cfg = make_cfg(
-        tiny_model, tmp_path, objective="grpo", aggregation=aggregation, group_size=4, prompts_per_step=2
-    )
+def test_old_logprobs_and_entropy_are_those_of_the_sampling_temperature(tiny_model, tmp_path):
+    cfg = make_cfg(tiny_model, tmp_path)
     model, tokenizer = tr.load_model_and_tokenizer(cfg)
     model.eval()
-    batch = _rollout(cfg, model, tokenizer)
-    with torch.no_grad():
-        own = _own_logp(model, batch)
+    batch, stats = _rollout(cfg, model, tokenizer, temperature=0.6)
     mask = batch.completion_mask
-    # the rollout's old log-probs are the policy's own log-probs of the sampled tokens
-    torch.testing.assert_close(batch.old_logp, own * mask, atol=1e-5, rtol=0)
+    with torch.no_grad():
+        at_t, ent_t = _own_logp(model, batch, 0.6)
+        at_1, _ = _own_logp(model, batch, 1.0)
+    torch.testing.assert_close(batch.old_logp, at_t * mask, atol=1e-5, rtol=0)
+    assert float(((batch.old_logp - at_1) * mask).abs().max()) > 1e-2  # T = 1 would be visibly different
+    # the logged entropy: the mean over completion tokens of the sampling policy's entropy
+    assert math.isclose(stats["entropy"], float((ent_t * mask).sum() / mask.sum()), rel_tol=1e-5)
+
+
+def test_first_on_policy_ratio_is_exactly_one_with_temperature_and_lora_dropout(
+    tiny_model, tmp_path, monkeypatch
+):
+    """At T = 0.6 with LoRA dropout 0.05 each step's first (on-policy) mini-batch has every ratio exactly 1.0.
+
+    Exactly, not to a tolerance: the old-log-prob pass (eval mode) and the loss pass (train mode,
+    dropout at p = 0) run the same function on the same tensors (same shapes, deterministic CPU
+    kernels), so logp − old_logp is 0.0 and exp(0) = 1.0. Step 2 is the one that tests dropout: at
+    step 1 LoRA's B is still 0, so the adapter (and its dropout) adds nothing yet. Without
+    ``dropout_off`` step 2's ratios are not 1.
+    """
+    kw = dict(temperature=0.6, lora_dropout=0.05, objective="grpo", steps=2)
+    rows = tr.train(make_cfg(tiny_model, tmp_path / "on", **kw)).rows
+    for row in rows:  # one mini-batch, one inner epoch: each step's only mini-batch is on-policy
+        assert row["ratio/min"] == 1.0 and row["ratio/max"] == 1.0 and row["clip/frac"] == 0.0
+    monkeypatch.setattr(tr, "dropout_off", lambda model: contextlib.nullcontext())
+    row = tr.train(make_cfg(tiny_model, tmp_path / "off", **kw)).rows[1]
+    assert row["ratio/min"] < 1.0 < row["ratio/max"]  # dropout active in the loss pass: the test can fail
+
+
+def test_minibatch_coefficients_are_compute_loss(tiny_model, tmp_path):
+    cfg = make_cfg(tiny_model, tmp_path, objective="grpo", aggregation="token-mean", temperature=0.7)
+    model, tokenizer = tr.load_model_and_tokenizer(cfg)
+    batch, _ = _rollout(cfg, model, tokenizer, temperature=0.7)
+    model.train()
+    mask = batch.completion_mask
     adv = torch.linspace(-1.0, 1.0, len(batch))
     idx = torch.arange(len(batch) // 2)  # the first group: a mini-batch
+    sub = batch.select(idx)
     # global counts as if another process held the other group
-    n_tok, n_seq = float(mask.sum()), float(len(batch))
-    loss, _metrics, _logp, _ = tr.minibatch_loss(
-        model, batch, idx, cfg, adv, token_count=n_tok, seq_count=n_seq
-    )
-    expected, _ = compute_loss(
-        "grpo", own[idx] + 0.05, batch.old_logp[idx], adv[idx], mask[idx], batch.group[idx],
-        aggregation=aggregation, token_count=n_tok, seq_count=n_seq,
+    counts = tr.GlobalCounts(tokens=float(mask.sum()), sequences=float(len(batch)))
+    fwd = tr.minibatch_logprobs(model, sub, cfg, tr.micro_batches(len(sub), 0))
+    co = tr.minibatch_coefficients(cfg, sub, adv[idx], fwd["logp"].detach(), counts)
+    # independently: autograd of compute_loss on log-probs computed here, at T = 0.7
+    own, _ = _own_logp(model, sub, 0.7)
+    leaf = own.detach().requires_grad_(True)
+    loss, _ = compute_loss(
+        "grpo", leaf, sub.old_logp, adv[idx], sub.completion_mask, sub.group,
+        aggregation="token-mean", token_count=counts.tokens, seq_count=counts.sequences,
     )  # fmt: skip
-    ref, _ = compute_loss(
-        "grpo", own[idx], batch.old_logp[idx], adv[idx], mask[idx], batch.group[idx],
-        aggregation=aggregation, token_count=n_tok, seq_count=n_seq,
-    )  # fmt: skip
-    torch.testing.assert_close(loss.detach(), ref, atol=1e-6, rtol=1e-6)
-    assert not torch.isclose(expected, ref)  # the comparison is sensitive to the log-probs
-    # and the ratio is 1 at the old policy: loss = −Σ m·A / N_global (token-mean) by hand
-    if aggregation == "token-mean":
-        by_hand = -sum(float(adv[i]) * float(mask[i].sum()) for i in idx.tolist()) / n_tok
-    else:
-        by_hand = -sum(float(adv[i]) * (1.0 if mask[i].sum() > 0 else 0.0) for i in idx.tolist()) / n_seq
-    assert math.isclose(float(loss.detach()), by_hand, rel_tol=1e-5, abs_tol=1e-7)
-    # the global normaliser: the two halves' losses (each with the global counts) sum to the whole batch's
-    other = torch.arange(len(batch) // 2, len(batch))
-    loss2, *_ = tr.minibatch_loss(model, batch, other, cfg, adv, token_count=n_tok, seq_count=n_seq)
-    whole, *_ = tr.minibatch_loss(model, batch, torch.arange(len(batch)), cfg, adv)
-    torch.testing.assert_close(loss.detach() + loss2.detach(), whole.detach(), atol=1e-6, rtol=1e-6)
+    loss.backward()
+    torch.testing.assert_close(co.coef, -leaf.grad * sub.completion_mask, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(co.loss, loss.detach(), atol=1e-6, rtol=1e-5)
+    # on-policy token-mean by hand: c_{i,t} = A_i / N_global, and loss = −Σ m·A / N_global
+    by_hand = adv[idx][:, None] * sub.completion_mask / counts.tokens
+    torch.testing.assert_close(co.coef, by_hand, atol=1e-6, rtol=1e-5)
+    assert math.isclose(float(co.loss), -float(by_hand.sum()), rel_tol=1e-5, abs_tol=1e-7)
 
 
-class _Spy:
-    """Records every minibatch_loss call of the trainer, then runs the real function."""
+class _Minibatches:
+    """Records every mini-batch ``cancellation.update.minibatches`` yields to the trainer."""
 
     def __init__(self, fn):
-        self.fn, self.calls = fn, []
+        self.fn, self.seen = fn, []
 
-    def __call__(self, model, batch, idx, cfg, advantages, **kw):
-        mask = kw.get("mask")
-        m = (batch.completion_mask if mask is None else mask)[idx]
-        self.calls.append(
-            {
-                "group": batch.group[idx].clone(),
-                "idx": idx.clone(),
-                "mask": m.clone(),
-                "old_logp": batch.old_logp[idx].clone(),
-                "full_mask": batch.completion_mask[idx].clone(),
-            }
-        )
-        return self.fn(model, batch, idx, cfg, advantages, **kw)
+    def __call__(self, group, *args, **kw):
+        for mb in self.fn(group, *args, **kw):
+            self.seen.append((mb, group[mb.rows].clone()))
+            yield mb
 
 
-def _groups_split(calls):
+def _groups_split(seen):
     where: dict[int, set[int]] = {}
-    for k, c in enumerate(calls):
-        for g in c["group"].tolist():
+    for k, (_, groups) in enumerate(seen):
+        for g in groups.tolist():
             where.setdefault(g, set()).add(k)
     return sum(len(v) > 1 for v in where.values())
 
 
 def test_query_batching_keeps_groups_whole(tiny_model, tmp_path, monkeypatch):
-    spy = _Spy(tr.minibatch_loss)
-    monkeypatch.setattr(tr, "minibatch_loss", spy)
+    spy = _Minibatches(tr.minibatches)
+    monkeypatch.setattr(tr, "minibatches", spy)
     cfg = make_cfg(
         tiny_model, tmp_path / "q", prompts_per_step=4, num_minibatches=2, inner_epochs=2, batching="query"
     )
     rows = tr.train(cfg).rows
-    assert rows[0]["opt_steps"] == 4 and len(spy.calls) == 4
-    for epoch in (spy.calls[:2], spy.calls[2:]):
+    assert rows[0]["opt_steps"] == 4 and len(spy.seen) == 4
+    for epoch in (spy.seen[:2], spy.seen[2:]):
         assert _groups_split(epoch) == 0
-        rows_seen = sorted(torch.cat([c["idx"] for c in epoch]).tolist())
+        rows_seen = sorted(torch.cat([mb.rows for mb, _ in epoch]).tolist())
         assert rows_seen == list(range(16))  # each completion exactly once per epoch
-    spy.calls.clear()
+    spy.seen.clear()
     cfg = make_cfg(tiny_model, tmp_path / "r", prompts_per_step=4, num_minibatches=2, batching="random")
     tr.train(cfg)
-    assert _groups_split(spy.calls) > 0  # the random split does scatter groups (fixed seed)
+    assert _groups_split(spy.seen) > 0  # the random split does scatter groups (fixed seed)
 
 
-def test_lopti_two_stages(tiny_model, tmp_path, monkeypatch):
-    spy = _Spy(tr.minibatch_loss)
-    monkeypatch.setattr(tr, "minibatch_loss", spy)
+class _RecordingOptimizer:
+    """An optimizer that records the gradient of every step and leaves the weights alone."""
+
+    def __init__(self, model):
+        self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.steps: list[dict[str, torch.Tensor]] = []
+
+    def step(self):
+        self.steps.append({n: p.grad.detach().clone() for n, p in self.named if p.grad is not None})
+
+    def zero_grad(self, set_to_none=True):
+        for _, p in self.named:
+            p.grad = None
+
+
+def _flat(grads):
+    return torch.cat([grads[k].double().flatten() for k in sorted(grads)])
+
+
+@pytest.mark.parametrize("objective", ["grpo", "gspo"])
+def test_lopti_stages_are_compute_loss_with_stage_advantages(tiny_model, tmp_path, objective):
+    """Each Lopti stage's gradient is compute_loss's with ``lopti_stage_advantages`` (the toy's code).
+
+    The full mask, normaliser and sequence ratio stay; only the advantages outside the stage's token
+    set are zeroed. Swapping in the stage's mask (the trainer's old Lopti) gives another gradient.
+    """
+    from accelerate import Accelerator
+
+    from cancellation.batching import lopti_masks
+    from cancellation.update import lopti_stage_advantages
+
     eta = 0.5
-    rows = tr.train(make_cfg(tiny_model, tmp_path / "l", lopti_eta=eta, num_minibatches=2)).rows
-    plain = tr.train(make_cfg(tiny_model, tmp_path / "p", num_minibatches=2)).rows
-    assert plain[0]["opt_steps"] == 2
-    assert rows[0]["opt_steps"] == 4  # two optimiser stages of 2 mini-batches each
-    low_calls, high_calls = spy.calls[:2], spy.calls[2:4]
-    for c in low_calls:  # stage 1: only tokens with π_old < η
-        sel = c["mask"].bool()
-        assert torch.equal(sel, c["full_mask"].bool() & (c["old_logp"].exp() < eta))
-    for c in high_calls:
-        sel = c["mask"].bool()
-        assert torch.equal(sel, c["full_mask"].bool() & (c["old_logp"].exp() >= eta))
+    cfg = make_cfg(tiny_model, tmp_path, objective=objective, lopti_eta=eta, grad_clip=None, epsilon_low=0.2,
+                   epsilon_high=0.2)  # fmt: skip
+    model, tokenizer = tr.load_model_and_tokenizer(cfg)
+    batch, _ = _rollout(cfg, model, tokenizer)
+    model.train()
+    adv = torch.tensor([1.0, -0.5, 0.3, -0.8, -1.2, 0.4, 0.2, 0.6])
+    # the old policy a little off the current one, so gspo's sequence ratio depends on the token set
+    batch.old_logp = (
+        batch.old_logp + 0.05 * torch.linspace(-1, 1, len(batch))[:, None] * batch.completion_mask
+    )
+    recorder = _RecordingOptimizer(model)
+    res = tr.update(cfg, Accelerator(cpu=True), model, recorder, batch, adv, torch.Generator().manual_seed(0))
+    mask = batch.completion_mask
+    stages = lopti_stage_advantages(adv, batch.old_logp, mask, eta)
+    low, high = lopti_masks(batch.old_logp, mask, eta)
+    assert res.opt_steps == len(recorder.steps) == len(stages) == 2 and bool(low.any()) and bool(high.any())
+    for k, (stage_adv, stage_mask) in enumerate(zip(stages, (low, high), strict=True)):
+        expected = {}
+        for swapped in (False, True):
+            model.zero_grad(set_to_none=True)
+            logp, _ = _own_logp(model, batch)
+            m = stage_mask.float() if swapped else mask
+            loss, _ = compute_loss(
+                objective, logp, batch.old_logp, stage_adv, m, batch.group, epsilon_low=0.2, epsilon_high=0.2
+            )
+            loss.backward()
+            expected[swapped] = {n: p.grad.detach().clone() for n, p in recorder.named if p.grad is not None}
+        got, want, other = _flat(recorder.steps[k]), _flat(expected[False]), _flat(expected[True])
+        assert float(want.norm()) > 0
+        assert float((got - want).norm() / want.norm()) < 1e-5, f"stage {k}"
+        assert float((other - want).norm() / want.norm()) > 1e-2  # the mask swap is a different update
 
 
 def test_reward_balanced_buffer_meets_rho(tiny_model, tmp_path, monkeypatch):
     seen = []
     real_update = tr.update
 
-    def spy(cfg, accelerator, model, optimizer, batch, adv, gen):
+    def spy(cfg, accelerator, model, optimizer, batch, adv, gen, **kw):
         seen.append(batch.advantages.clone())
-        return real_update(cfg, accelerator, model, optimizer, batch, adv, gen)
+        return real_update(cfg, accelerator, model, optimizer, batch, adv, gen, **kw)
 
     monkeypatch.setattr(tr, "update", spy)
     rho = 0.4
@@ -217,6 +290,43 @@ def test_reward_balanced_buffer_meets_rho(tiny_model, tmp_path, monkeypatch):
         n = a.numel()
         assert n == 2 * 4  # prompts_per_step whole groups of group_size
         assert int((a > 0).sum()) / n >= rho and int((a < 0).sum()) / n >= rho
+    # the buffer never holds more than its capacity
+    assert all(r["buffer_groups"] <= tr.BUFFER_CAPACITY * 2 for r in rows)
+
+
+@pytest.mark.parametrize("truncation", ["mask", "failure_reward", "keep"])
+def test_truncation_policies(tiny_model, tmp_path, truncation):
+    """What each policy does to the dumped step batch, checked row by row against the raw rewards."""
+    dbg = tmp_path / "dbg"
+    cfg = make_cfg(
+        tiny_model, tmp_path / "run", truncation=truncation, max_new_tokens=4, temperature=1.5, prompts_per_step=4,
+        failure_reward=-1.0,
+    )  # fmt: skip
+    row = tr.train(cfg, debug_dir=dbg).rows[0]
+    b = torch.load(dbg / "rank0" / "step_000001_rollouts.pt", weights_only=False)
+    cut = b.truncated
+    assert 0 < int(cut.sum()) < len(b)  # some completions truncated, not all
+    raw = torch.tensor([(zlib.crc32(c.encode()) % 101) / 100.0 for c in b.completions])  # the test reward
+    eos_mask = b.attention_mask[:, b.prompt_len :].float()  # through the first EOS, every row
+    groups = {g: [i for i, x in enumerate(b.group.tolist()) if x == g] for g in set(b.group.tolist())}
+    if truncation == "mask":
+        assert float(b.completion_mask[cut].abs().sum()) == 0 and torch.equal(
+            b.advantages[cut], torch.zeros_like(b.advantages[cut])
+        )
+        torch.testing.assert_close(b.rewards, raw)
+        dropped = 0
+        for rows in groups.values():
+            kept = [i for i in rows if not bool(cut[i])]
+            dropped += len(kept) < 2
+            assert abs(sum(float(b.advantages[i]) for i in kept)) < 1e-5  # Σ Â = 0 over the rows in the loss
+        assert row["truncation/dropped_groups"] == dropped
+    else:
+        torch.testing.assert_close(b.completion_mask, eos_mask)
+        want = torch.where(cut, torch.full_like(raw, -1.0), raw) if truncation == "failure_reward" else raw
+        torch.testing.assert_close(b.rewards, want)
+        for rows in groups.values():
+            assert abs(sum(float(b.advantages[i]) for i in rows)) < 1e-5
+        assert row["truncation/dropped_groups"] == 0
 
 
 def test_eval_keys(tiny_model, tmp_path):
@@ -238,76 +348,6 @@ def test_cli_errors(tmp_path):
         tr.main(["--config", "scaledrun/configs/default.yaml", "--group_size", "1"])
     with pytest.raises(ValueError, match="task"):
         tr.main(["--config", "scaledrun/configs/default.yaml", "--task", str(tmp_path / "missing.jsonl")])
-
-
-def _one_update(cfg, batch, micro_batch_size, monkeypatch):
-    """One ``update`` on ``batch`` from the same initial LoRA weights; the minibatch_loss calls it made."""
-    from accelerate import Accelerator
-
-    cfg = RunConfig(**{**cfg.__dict__, "micro_batch_size": micro_batch_size})
-    model, _ = tr.load_model_and_tokenizer(cfg)  # seeded LoRA init: the same weights each call
-    model.train()
-    optimizer, _ = tr.build_optimizer(cfg, model)
-    spy = _Counts(getattr(tr.minibatch_loss, "fn", tr.minibatch_loss))  # not a previous call's spy
-    monkeypatch.setattr(tr, "minibatch_loss", spy)
-    grads: dict[str, torch.Tensor] = {}
-    res = tr.update(
-        cfg, Accelerator(cpu=True), model, optimizer, batch, batch.advantages, torch.Generator().manual_seed(0),
-        first_grads=grads,
-    )  # fmt: skip
-    weights = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
-    return res, grads, weights, spy.calls
-
-
-class _Counts:
-    """Records (rows, token_count, seq_count) of each minibatch_loss call, then runs the real function."""
-
-    def __init__(self, fn):
-        self.fn, self.calls = fn, []
-
-    def __call__(self, model, batch, idx, cfg, advantages, **kw):
-        self.calls.append((idx.tolist(), kw.get("token_count"), kw.get("seq_count")))
-        return self.fn(model, batch, idx, cfg, advantages, **kw)
-
-
-@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
-def test_gradient_accumulation_equals_one_pass(tiny_model, tmp_path, monkeypatch, aggregation):
-    cfg = make_cfg(tiny_model, tmp_path, objective="grpo", aggregation=aggregation)
-    model, tokenizer = tr.load_model_and_tokenizer(cfg)
-    model.eval()
-    batch = _rollout(cfg, model, tokenizer)
-    # advantages that differ within every group (so every completion carries gradient)
-    batch.advantages = torch.linspace(-1.0, 1.0, len(batch))
-    n = len(batch)
-    assert n == 8  # 2 groups of 4: micro-batches of 3 split the first group across two passes
-    one, g_one, w_one, calls_one = _one_update(cfg, batch, 0, monkeypatch)
-    acc, g_acc, w_acc, calls_acc = _one_update(cfg, batch, 3, monkeypatch)
-    # the passes: one over all rows vs rows [0..2], [3..5], [6, 7] in order, all with the global counts
-    n_tok = float(batch.completion_mask.sum())
-    assert calls_one == [(list(range(n)), n_tok, float(n))]
-    assert calls_acc == [([0, 1, 2], n_tok, 8.0), ([3, 4, 5], n_tok, 8.0), ([6, 7], n_tok, 8.0)]
-    assert one.opt_steps == acc.opt_steps == 1
-    # the same gradient (some LoRA weight must have one) and the same weights after the step
-    assert set(g_one) == set(g_acc) and any(float(g.abs().max()) > 0 for g in g_one.values())
-    for name in g_one:
-        torch.testing.assert_close(g_acc[name], g_one[name], atol=1e-6, rtol=1e-6)
-    for name in w_one:
-        torch.testing.assert_close(w_acc[name], w_one[name], atol=1e-6, rtol=1e-6)
-    # metrics and diagnostics cover the whole mini-batch either way
-    assert math.isclose(acc.grad_norm, one.grad_norm, rel_tol=1e-5)
-    assert set(one.metrics) == set(acc.metrics) and one.metrics
-    for key, value in one.metrics.items():
-        assert math.isclose(acc.metrics[key], value, rel_tol=1e-5, abs_tol=1e-6) or (
-            math.isnan(value) and math.isnan(acc.metrics[key])
-        ), key
-    # the residual sums over every micro-batch's logp.grad: a gross sum that misses a pass is smaller
-    assert one.residual[1] > 0
-    for a, b in zip(acc.residual, one.residual, strict=True):
-        assert math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-9)
-    for a, b in zip(acc.energy, one.energy, strict=True):
-        assert math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-9)
-    for key, value in one.flip.items():
-        assert math.isclose(acc.flip[key], value, rel_tol=1e-5, abs_tol=1e-6) or math.isnan(value), key
 
 
 def test_full_finetune_gradient_checkpointing_and_bf16_options(tiny_model, tmp_path):

@@ -1,0 +1,171 @@
+"""The trainer's update: exact micro-batching for every objective, and the cancellation meter's invariants.
+
+- Micro-batches of 1, 3 and the whole mini-batch give the same gradient (to 1e-6) and the same metrics
+  and meter sums, for every objective, DFPO transform, estimator and several aggregations, off-policy
+  (ratios away from 1, some sequences clipped) so that the transforms act. A loss computed micro-batch
+  by micro-batch (the trainer's old accumulation) is checked to give a different gradient there.
+- ``sequence_net_residual`` ≤ 1e-6 under DFPO's paper estimator with every transform, through the real
+  loop: default clip range with 2 inner epochs (clipped sequences), 2 mini-batches, micro-batches and
+  truncated completions; it is clearly > 0 under DFPO's ``ppo_clip`` variant and under GRPO token-mean
+  with unequal lengths. The two-process run is in ``test_multiprocess.py``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import scaledrun.train as tr
+from cancellation import compute_loss
+from cancellation.transforms import TRANSFORMS
+from scaledrun.config import RunConfig
+
+from .test_train import _flat, _own_logp, _RecordingOptimizer, _rollout, make_cfg
+
+torch.set_num_threads(1)
+
+#: (objective, its config fields): every objective, both gspo estimators, the four DFPO transforms
+#: (paper estimator), the ppo_clip variant and Table 3's no-stop-grad ablation. ε 0.03 with ratios in
+#: about [0.94, 1.06] clips some sequences (tokens) and leaves others in the band.
+OBJECTIVES = [
+    ("grpo", {"epsilon_low": 0.03, "epsilon_high": 0.03}),
+    ("grpo_symclip", {"epsilon": 0.03}),
+    ("gspo", {"epsilon_low": 0.03, "epsilon_high": 0.03}),
+    ("gspo", {"epsilon_low": 0.03, "epsilon_high": 0.03, "estimator": "paper"}),
+    *[("dfpo", {"epsilon_low": 0.03, "epsilon_high": 0.03, "transform": t}) for t in TRANSFORMS],
+    ("dfpo", {"epsilon_low": 0.03, "epsilon_high": 0.03, "transform": "orth_proj", "estimator": "ppo_clip"}),
+    ("dfpo", {"epsilon_low": 0.03, "epsilon_high": 0.03, "transform": "orth_proj", "stop_grad": False}),
+]
+AGGREGATIONS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+
+
+def _id(variant):
+    objective, params = variant
+    return "-".join([objective, *(str(v) for k, v in params.items() if not k.startswith("epsilon"))])
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_model, tmp_path_factory):
+    """One model (weights never change: a recording optimizer) and one off-policy batch of 2 groups of 4."""
+    from accelerate import Accelerator
+
+    cfg = make_cfg(tiny_model, tmp_path_factory.mktemp("mb"), grad_clip=None)
+    model, tokenizer = tr.load_model_and_tokenizer(cfg)
+    batch, _ = _rollout(cfg, model, tokenizer)
+    model.train()
+    assert len(batch) == 8 and len(set(batch.completion_mask.sum(1).tolist())) > 1  # unequal lengths
+    # π_old off the current policy by a per-row shift: sequence ratios exp(δ_i), δ_i ∈ [−0.06, 0.06]
+    delta = torch.tensor([0.06, -0.04, 0.01, -0.06, 0.05, -0.02, 0.03, -0.05])
+    batch.old_logp = (batch.old_logp - delta[:, None]) * batch.completion_mask
+    batch.advantages = torch.tensor([1.2, -0.3, 0.5, -1.4, -0.9, 1.1, 0.6, -0.8])  # zero-sum in each group
+    return cfg, Accelerator(cpu=True), model, batch
+
+
+def _update(setup, micro_batch_size, objective, params, aggregation):
+    cfg, accelerator, model, batch = setup
+    cfg = RunConfig(**{
+        **cfg.__dict__, "objective": objective, "aggregation": aggregation, "micro_batch_size": micro_batch_size,
+        **params,
+    })  # fmt: skip
+    recorder = _RecordingOptimizer(model)
+    res = tr.update(
+        cfg, accelerator, model, recorder, batch, batch.advantages, torch.Generator().manual_seed(0)
+    )
+    assert res.opt_steps == len(recorder.steps) == 1
+    return res, _flat(recorder.steps[0])
+
+
+@pytest.mark.parametrize(("objective", "params"), OBJECTIVES, ids=[_id(v) for v in OBJECTIVES])
+def test_micro_batches_give_the_one_pass_gradient(setup, objective, params):
+    for aggregation in AGGREGATIONS:
+        whole, g_whole = _update(setup, 0, objective, params, aggregation)
+        if params.get("stop_grad") is False and aggregation == "seq-mean-token-mean":
+            # Table 3's ablation: Σ_i Â_i·T(s̄)_i = 0 for every θ, so the sequence mean has no gradient
+            assert float(g_whole.abs().max()) < 1e-9
+        else:
+            assert float(g_whole.abs().max()) > 0, aggregation
+        for size in (1, 3):  # 3 splits the first group of 4 across two micro-batches
+            res, g = _update(setup, size, objective, params, aggregation)
+            err = float((g - g_whole).abs().max())
+            assert err <= 1e-6 * max(1.0, float(g_whole.abs().max())), (aggregation, size, err)
+            assert res.metrics.keys() == whole.metrics.keys() and whole.metrics
+            for key, value in whole.metrics.items():
+                assert math.isclose(res.metrics[key], value, rel_tol=1e-5, abs_tol=1e-6) or (
+                    math.isnan(value) and math.isnan(res.metrics[key])
+                ), (aggregation, size, key)
+            for a, b in zip(res.meter.as_list(), whole.meter.as_list(), strict=True):
+                assert math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-9), (aggregation, size)
+            for key, value in whole.energy.items():
+                assert math.isclose(res.energy[key], value, rel_tol=1e-5, abs_tol=1e-9), key
+
+
+def test_the_old_per_micro_batch_loss_is_not_the_gradient(setup):
+    """Why the coefficients come first: the loss of each micro-batch alone (with the global counts, as
+    the trainer used to accumulate it) transforms partial groups and misses the one-pass gradient."""
+    _, _, model, batch = setup
+    params = {"epsilon_low": 0.03, "epsilon_high": 0.03, "transform": "orth_proj"}
+    _, exact = _update(setup, 3, "dfpo", params, "seq-mean-token-mean")
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    model.zero_grad(set_to_none=True)
+    mask, n_seq = batch.completion_mask, float(len(batch))
+    for rows in torch.arange(len(batch)).split(3):
+        sub = batch.select(rows)
+        logp, _ = _own_logp(model, sub)
+        loss, _ = compute_loss(
+            "dfpo", logp, sub.old_logp, sub.advantages, sub.completion_mask, sub.group, seq_count=n_seq,
+            token_count=float(mask.sum()), **params,
+        )  # fmt: skip
+        loss.backward()
+    naive = _flat({n: p.grad.detach().clone() for n, p in named})
+    model.zero_grad(set_to_none=True)
+    assert float((naive - exact).norm() / exact.norm()) > 1e-2
+
+
+#: Through the real loop: clipping (GSPO's default ε, 2 inner epochs), 2 mini-batches, micro-batches of
+#: 3 (groups of 4 split), truncation at 4 tokens with T = 1.5 (1-2 completions of most groups truncated).
+LOOP = dict(
+    inner_epochs=2, num_minibatches=2, micro_batch_size=3, max_new_tokens=4, temperature=1.5, prompts_per_step=4,
+    steps=2, truncation="mask", lr=2e-3,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("transform", list(TRANSFORMS))
+def test_dfpo_sequence_net_residual_is_zero_in_the_loop(tiny_model, tmp_path, transform):
+    rows = tr.train(
+        make_cfg(tiny_model, tmp_path / "run", objective="dfpo", transform=transform, **LOOP)
+    ).rows
+    assert all(r["opt_steps"] == 4 for r in rows)
+    assert any(r["truncated_frac"] > 0 for r in rows) and any(r["clip/frac"] > 0 for r in rows)
+    for r in rows:
+        assert r["sequence_net_residual"] <= 1e-6, (r["step"], r["sequence_net_residual"])
+
+
+def test_sequence_net_residual_is_not_zero_without_the_paper_estimator(tiny_model, tmp_path):
+    """Contrasts: DFPO's ppo_clip variant silences clipped sequences; GRPO's token-mean weighs by length."""
+    rows = tr.train(
+        make_cfg(tiny_model, tmp_path / "pc", objective="dfpo", estimator="ppo_clip", **LOOP)
+    ).rows
+    assert max(r["sequence_net_residual"] for r in rows) > 1e-2
+    plain = {**LOOP, "inner_epochs": 1, "num_minibatches": 1, "micro_batch_size": 0, "truncation": "keep"}
+    rows = tr.train(
+        make_cfg(tiny_model, tmp_path / "g", objective="grpo", aggregation="token-mean", **plain)
+    ).rows
+    assert max(r["sequence_net_residual"] for r in rows) > 1e-2
+
+
+def test_lopti_stages_are_taken_together_by_all_processes():
+    """A stage empty on this process but not on another is still taken (``any_process``), so the
+    processes' optimiser steps stay in lockstep; without it the stage is skipped here."""
+    from cancellation.update import Schedule, lopti_stage_advantages, minibatches
+
+    old_logp = torch.log(torch.tensor([[0.9, 0.8], [0.7, 0.95]]))  # every π_old ≥ η = 0.5: no low stage
+    mask, adv, group = torch.ones(2, 2), torch.tensor([1.0, -1.0]), torch.tensor([0, 0])
+    assert len(lopti_stage_advantages(adv, old_logp, mask, 0.5)) == 1
+    both = lopti_stage_advantages(adv, old_logp, mask, 0.5, any_process=lambda flag: True)
+    assert len(both) == 2 and float(both[0].abs().sum()) == 0.0
+    steps = minibatches(
+        group, adv, Schedule(lopti_eta=0.5), old_logp=old_logp, mask=mask, any_process=lambda flag: True
+    )
+    assert [mb.stage for mb in steps] == [0, 1]
