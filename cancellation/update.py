@@ -275,8 +275,10 @@ class CancellationMeter:
       E_t*), where Σ_i Â_i = 0 makes GRPO inside its clip range cancel exactly (eq. 9); a group counts
       only the rows that enter the loss (a row with no unmasked token is left out);
     - ``sequence_net_residual``: per group, |Σ_i c_i| / Σ_i |c_i| with c_i = Σ_t coef_{i,t}. Under DFPO's
-      paper estimator c_i = s̃_i·Â_i/B and Σ_i Â_i s̃_i = 0, so it is 0 for any lengths; under GRPO's
-      token-mean with unequal lengths it is not.
+      paper estimator with its defaults (length-normalised s, ``seq-mean-token-mean``, whole groups in a
+      mini-batch) c_i = s̃_i·Â_i/B and Σ_i Â_i s̃_i = 0, so it is 0 for any lengths; it is not with
+      ``token-mean`` or ``length_norm=False`` and unequal lengths (c_i then carries |y_i|), with random
+      mini-batches (a split group), nor under GRPO's token-mean with unequal lengths.
 
     An event or group split across mini-batches counts in each mini-batch separately (the damage that
     query-preserved batching avoids).
@@ -292,6 +294,7 @@ class CancellationMeter:
         check_2d("mask", mask, (keys.shape[0], keys.shape[1]))
         check_group(group, keys.shape[0])
         self.index = event_index(keys, mask)
+        self.mask = mask.bool()
         e = self.index.count.shape[0]
         self.ginv, self.n_groups = group_index(group)
         in_loss = (mask.sum(-1) > 0).to(torch.long)
@@ -316,7 +319,7 @@ class CancellationMeter:
         tot.shared_gross += float(gross[self.shared].sum())
         tot.group_shared_net += float(net.abs()[self.whole].sum())
         tot.group_shared_gross += float(gross[self.whole].sum())
-        c = coef.sum(-1)
+        c = torch.where(self.mask, coef, torch.zeros_like(coef)).sum(-1)  # padding never counts
         inv = self.ginv.to(coef.device)
         tot.sequence_net += float(group_sum(c, inv, self.n_groups).abs().sum())
         tot.sequence_gross += float(c.abs().sum())
