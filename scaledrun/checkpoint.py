@@ -106,6 +106,11 @@ def save_checkpoint(
     return d
 
 
+def checkpoint_config(d: str | Path) -> dict[str, Any] | None:
+    """The run config a checkpoint was saved with (None for checkpoints saved before it was recorded)."""
+    return json.loads((Path(d) / STATE_FILE).read_text()).get("config")
+
+
 def is_sharded(accelerator: Any) -> bool:
     """Whether parameters or optimizer state are sharded over processes (DeepSpeed ZeRO, FSDP)."""
     from accelerate.utils import DistributedType

@@ -214,7 +214,11 @@ class RunConfig:
     save_every: int = 50
     """Checkpoint every this many steps (and at the end); 0: only at the end."""
     resume: bool = False
-    """Continue from the latest checkpoint in ``output_dir``."""
+    """Continue from the latest checkpoint in ``output_dir`` (refused if that checkpoint's run had another
+    value in a field that changes the math; ``scaledrun.rundir.RESUME_MAY_DIFFER`` lists those that may differ)."""
+    overwrite: bool = False
+    """Delete the run already in ``output_dir`` (its metrics, TensorBoard logs, config and checkpoints) and
+    start again. Without it (or ``resume``) a folder that holds a run is refused, so nothing is lost."""
     preset: str | None = None
     """A ``PRESETS`` name (None: the defaults above). Named on the command line, it overrides the YAML
     file's values (``--config default.yaml --preset qwen3-0.6b`` runs the preset's model and lr) and only
@@ -231,6 +235,9 @@ class RunConfig:
 
         def bad(name: str, why: str) -> None:
             raise ValueError(f"config field `{name}`={getattr(self, name)!r}: {why}")
+
+        if self.resume and self.overwrite:
+            bad("overwrite", "cannot be combined with `resume` true: continue the run, or replace it")
 
         def choice(name: str, valid: list[str] | tuple[str, ...]) -> None:
             if getattr(self, name) not in valid:

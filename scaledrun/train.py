@@ -138,6 +138,7 @@ Where this departs from the papers
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import sys
@@ -145,7 +146,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -165,7 +166,7 @@ from cancellation.update import (
     minibatches,
 )
 
-from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .checkpoint import checkpoint_config, latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import RunConfig, load_config, save_config
 from .rewards import compute_rewards
 from .rollout import (
@@ -176,6 +177,7 @@ from .rollout import (
     generate_rollouts,
     generate_texts,
 )
+from .rundir import RunFolderError, RunLock, check_resume_config, check_start, watch_parent
 from .runlog import RunLogger
 from .tasks import Task, format_prompt, is_task_file, load_task
 
@@ -702,7 +704,42 @@ def train(
     # a ``--multi_gpu`` launch on a machine without GPUs runs on CPU processes (gloo): Accelerate only
     # picks MULTI_CPU when told ``cpu=True`` (``ACCELERATE_USE_CPU``), so say it when there is no GPU
     accelerator = Accelerator(cpu=not _has_accelerator())
+    watch_parent()  # under a launcher: this worker exits when the launcher is gone
     seed_all(cfg.seed)
+    out_dir = Path(cfg.output_dir)
+    started = time.perf_counter()
+
+    # ---- the run folder: one writer (main process), no silent replacement, no mixed runs
+    lock = RunLock(out_dir)
+    try:
+        if accelerator.is_main_process:
+            lock.acquire()
+            check_start(out_dir, resume=cfg.resume, overwrite=cfg.overwrite)
+        result = _train(cfg, accelerator, debug_dir, replay_dir)
+    finally:
+        lock.release()
+    summary = run_summary(out_dir, result.rows, cfg.steps - len(result.rows), time.perf_counter() - started)
+    accelerator.print(summary)
+    return result
+
+
+def run_summary(out_dir: Path, rows: list[dict[str, float]], start: int, seconds: float) -> str:
+    """The one line a run ends with: folder, steps, final reward, last eval, time."""
+    if not rows:
+        return f"run {out_dir}: nothing to do (already at its last step), {seconds:.0f} s"
+    tail = [r["reward/mean"] for r in rows[-10:]]
+    evals = [r for r in rows if "eval/greedy_accuracy" in r]
+    last_eval = f"last eval greedy accuracy {evals[-1]['eval/greedy_accuracy']:.3f}" if evals else "no eval"
+    return (
+        f"run {out_dir}: {len(rows)} new step{'s' if len(rows) != 1 else ''} up to step {len(rows) + start}, reward {sum(tail) / len(tail):.3f} (mean of the last "
+        f"{len(tail)} steps), {last_eval}, {seconds:.0f} s"
+    )
+
+
+def _train(
+    cfg: RunConfig, accelerator: Any, debug_dir: str | Path | None, replay_dir: str | Path | None
+) -> TrainResult:
+    """The run itself (``train`` holds the run folder around it)."""
     rank, world = accelerator.process_index, accelerator.num_processes
     out_dir = Path(cfg.output_dir)
 
@@ -722,6 +759,7 @@ def train(
     if cfg.resume:
         ckpt = latest_checkpoint(out_dir)
         if ckpt is not None:
+            check_resume_config(checkpoint_config(ckpt), cfg, ckpt)
             start, buffered, _ = load_checkpoint(accelerator, model, optimizer, scheduler, ckpt)
             if buffer is not None and buffered is not None:
                 buffer.push(buffered, buffered.advantages, buffered.group)
@@ -846,7 +884,10 @@ def train(
         rows.append(row)
         if (cfg.save_every > 0 and step % cfg.save_every == 0) or step == cfg.steps:
             buffered = None if buffer is None else buffer.payload
-            save_checkpoint(accelerator, model, optimizer, scheduler, step, out_dir, buffer=buffered)
+            save_checkpoint(
+                accelerator, model, optimizer, scheduler, step, out_dir, buffer=buffered,
+                extra={"config": dataclasses.asdict(cfg)},
+            )  # fmt: skip
     logger.close()
     accelerator.wait_for_everyone()
     return TrainResult(rows=rows, model=accelerator.unwrap_model(model), tokenizer=tokenizer)
@@ -957,13 +998,25 @@ def main(argv: list[str] | None = None) -> TrainResult:
     debug = _pop_option(argv, "--debug_dir")
     replay = _pop_option(argv, "--replay_dir")
     paths = _pop_option(argv, "--config")
-    if len(paths) > 1:
-        raise ValueError("command line: give --config once")
-    path = paths[0] if paths else None
-    if path is not None and not Path(path).is_file():
-        raise FileNotFoundError(f"config file {path} does not exist")
-    cfg = load_config(path, argv)
-    return train(cfg, debug_dir=debug[-1] if debug else None, replay_dir=replay[-1] if replay else None)
+    try:
+        if len(paths) > 1:
+            raise ValueError("command line: give --config once")
+        path = paths[0] if paths else None
+        if path is not None and not Path(path).is_file():
+            raise FileNotFoundError(f"config file {path} does not exist")
+        cfg = load_config(path, argv)
+    except (ValueError, FileNotFoundError) as err:  # every load_config error names what to fix
+        _usage_error(err)
+    try:
+        return train(cfg, debug_dir=debug[-1] if debug else None, replay_dir=replay[-1] if replay else None)
+    except (RunFolderError, FileNotFoundError) as err:  # the run folder, the model folder, a task file
+        _usage_error(err)
+
+
+def _usage_error(err: Exception) -> NoReturn:
+    """A mistake in the command, the config or a folder: print the message (no traceback), exit 2."""
+    print(f"error: {err}", file=sys.stderr)
+    raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

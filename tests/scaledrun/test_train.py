@@ -341,13 +341,24 @@ def test_missing_model_folder_names_the_field(tmp_path):
         tr.train(cfg)
 
 
-def test_cli_errors(tmp_path):
-    with pytest.raises(FileNotFoundError, match="config file"):
-        tr.main(["--config", str(tmp_path / "nope.yaml")])
-    with pytest.raises(ValueError, match="group_size"):
-        tr.main(["--config", "scaledrun/configs/default.yaml", "--group_size", "1"])
-    with pytest.raises(ValueError, match="task"):
-        tr.main(["--config", "scaledrun/configs/default.yaml", "--task", str(tmp_path / "missing.jsonl")])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--config", "{tmp}/nope.yaml"], "config file"),
+        (["--config", "scaledrun/configs/default.yaml", "--group_size", "1"], "group_size"),
+        (["--config", "scaledrun/configs/default.yaml", "--task", "{tmp}/missing.jsonl"], "task"),
+        (
+            ["--config", "scaledrun/configs/default.yaml", "--resume", "true", "--overwrite", "true"],
+            "overwrite",
+        ),
+    ],
+)
+def test_cli_errors_print_the_message_without_a_traceback(tmp_path, capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_info:
+        tr.main([a.format(tmp=tmp_path) for a in argv])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and "Traceback" not in err
 
 
 def test_full_finetune_gradient_checkpointing_and_bf16_options(tiny_model, tmp_path):
