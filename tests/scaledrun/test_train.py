@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 
 import scaledrun.train as tr
 from cancellation import compute_loss
-from scaledrun.config import RunConfig
+from scaledrun.config import RunConfig, load_config
 from scaledrun.rollout import generate_rollouts
 from scaledrun.runlog import read_metrics
 from scaledrun.tasks import format_prompt
@@ -382,3 +382,24 @@ def test_full_finetune_gradient_checkpointing_and_bf16_options(tiny_model, tmp_p
     assert all(bool(torch.isfinite(p.detach().float()).all()) for p in lora_b)
     row = read_metrics(cfg.output_dir)[0]
     assert row["updated"] == 1.0 and math.isfinite(row["loss"])
+
+
+def test_offpolicy_config_makes_the_objectives_differ(tiny_model, tmp_path):
+    """scaledrun/configs/offpolicy.yaml reuses each batch for several optimiser steps: ratios leave 1, the
+    clip binds, and GRPO and GRPO-fix take different updates from the same first batch (the default,
+    on-policy config gives clip fractions of 0 and identical GRPO / GRPO-fix updates)."""
+    weights = {}
+    for obj in ("grpo", "grpo_symclip"):
+        cfg = load_config(
+            "scaledrun/configs/offpolicy.yaml",
+            ["--model", str(tiny_model), "--objective", obj, "--steps", "2", "--eval_every", "0",
+             "--output_dir", str(tmp_path / obj), "--save_every", "0"],
+        )  # fmt: skip
+        assert (cfg.inner_epochs, cfg.num_minibatches) == (4, 2)
+        run = tr.train(cfg)
+        assert max(r["clip/frac"] for r in run.rows) > 0.0
+        assert all(r["opt_steps"] == 8 for r in run.rows)
+        weights[obj] = torch.cat(
+            [p.detach().flatten() for n, p in run.model.named_parameters() if "lora_" in n]
+        )
+    assert not torch.allclose(weights["grpo"], weights["grpo_symclip"])
