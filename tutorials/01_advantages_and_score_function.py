@@ -32,8 +32,9 @@
 import plotly.graph_objects as go
 import plotly.io as pio
 import torch
+from exercise_check import check, expect_close  # the exercises' check cells (next to this file)
 
-from cancellation import aggregate, compute_loss, group_advantages
+from cancellation import aggregate, compute_loss, group_advantages  # noqa: F401 (aggregate: exercise 1.1)
 from cancellation.diagnostics import shared_residual, softmax_grad_norm, token_coefficients
 from toymodel import get_scenario
 
@@ -251,26 +252,31 @@ fig.show()
 # %% [markdown]
 # ## Exercises
 #
+# Write the body of each `my_*` function (until you do, it raises `NotImplementedError`), run its
+# cell, then run the check cell below it: it prints ✓ or says what is missing or wrong. A worked
+# solution is in `tutorials/solutions/01_advantages_and_score_function.py`; try first.
+#
 # **Exercise 1.1 — predict the coefficients.** At $\theta = \theta_\text{old}$ every ratio is 1, so
 # GRPO's token-mean objective has the same gradient as the plain policy-gradient surrogate
 # $\frac1N\sum_{i,t}\hat A_i \log\pi_\theta(a^{(i)}_t \mid h^{(i)}_t)$. Write `my_coefficients`
 # returning the $(B, T)$ tensor $\partial\mathcal J/\partial\log\pi$ of that surrogate. The check
 # compares it with GRPO's coefficients from `token_coefficients`.
+#
+# *Hint:* autograd through `aggregate(adv[:, None] * leaf, mask, "token-mean")` on a leaf copy of
+# `logp`, or the closed form you can read off the token-mean.
 
 
 # %%
 def my_coefficients(adv: torch.Tensor, logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """(B, T) ∂J/∂logp of J = token-mean of Â_i·logp_(i,t). Replace this body with your own code."""
-    leaf = logp.detach().clone().requires_grad_(True)
-    surrogate = aggregate(adv[:, None] * leaf, mask, "token-mean")
-    (grad,) = torch.autograd.grad(surrogate, leaf)
-    return grad * mask
+    """(B, T) ∂J/∂logp of J = token-mean of Â_i·logp_(i,t), 0 on padding."""
+    raise NotImplementedError("Exercise 1.1: replace this line with your code")
 
 
 # %%
-expected = token_coefficients("grpo", logp, old_logp, a_hat, mask, grp)
-assert torch.allclose(my_coefficients(a_hat, logp, mask), expected, atol=1e-12)
-print("✓ correct")
+with check("1.1"):
+    got = my_coefficients(a_hat, logp, mask)
+    expected = token_coefficients("grpo", logp, old_logp, a_hat, mask, grp)
+    expect_close(got, expected, "∂J/∂logp of every token")
 
 # %% [markdown]
 # **Exercise 1.2 — which events cancel?** For the sampled group of section 3, compute for every
@@ -285,13 +291,13 @@ print("✓ correct")
 
 # %%
 def my_event_advantage_sums(adv: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """(E,) Σ Â over each event's tokens / N, events sorted by id. Replace this body with your own code."""
-    per_token = adv[:, None].expand_as(mask) * mask / mask.sum()
-    return shared_residual(per_token, keys, mask).net
+    """(E,) Σ Â over each event's tokens / N, events sorted by id."""
+    raise NotImplementedError("Exercise 1.2: replace this line with your code")
 
 
 # %%
-keys = policy.event_keys[idx]
-expected = shared_residual(coef, keys, mask).net
-assert torch.allclose(my_event_advantage_sums(a_hat, keys, mask), expected, atol=1e-12)
-print("✓ correct")
+with check("1.2"):
+    keys = policy.event_keys[idx]
+    got = my_event_advantage_sums(a_hat, keys, mask)
+    expected = shared_residual(coef, keys, mask).net
+    expect_close(got, expected, "Σ Â / N of every event")

@@ -28,6 +28,7 @@
 import plotly.graph_objects as go
 import plotly.io as pio
 import torch
+from exercise_check import check, expect_close, number  # the exercises' check cells (next to this file)
 
 from cancellation import compute_loss
 from cancellation.diagnostics import token_coefficients
@@ -227,6 +228,10 @@ for name, (objective, params) in variants.items():
 #
 # ## Exercises
 #
+# Write the body of each `my_*` function (until you do, it raises `NotImplementedError`), run its
+# cell, then run the check cell below it: it prints ✓ or says what is missing or wrong. A worked
+# solution is in `tutorials/solutions/02_shared_prefix_and_sequence_coupling.py`; try first.
+#
 # **Exercise 2.1 — eq. (38) from the coefficients.** Write `my_shared_net(ρ1, ρ2, λ1, λ2)` returning
 # the net coefficient of the shared step $t = 2$ ("is") under the product-weight objective
 # (`gspo` with `length_norm=False`, no clipping), computed from `token_coefficients` on the
@@ -235,20 +240,19 @@ for name, (objective, params) in variants.items():
 
 # %%
 def my_shared_net(rho1: float, rho2: float, lam1: float, lam2: float) -> float:
-    """Σ_i ∂J/∂logp_(i,2) for the group {τ1, τ2}. Replace this body with your own code."""
-    new, old = shared_prefix_policies(rho1, rho2, lam1, lam2)
-    lp, olp = policy.token_logp(new, idx), policy.token_logp(old, idx)
-    c = token_coefficients("gspo", lp, olp, adv, mask, group, length_norm=False, **NO_CLIP)
-    return float(c[:, 1].sum())
+    """Σ_i ∂J/∂logp_(i,2) for the group {τ1, τ2}, from `token_coefficients`."""
+    raise NotImplementedError("Exercise 2.1: replace this line with your code")
 
 
 # %%
-for setting in [(1.1, 0.9, 1.3, 0.7), (0.4, 1.6, 2.0, 0.5), (1.9, 1.05, 0.9, 1.1)]:
-    expected = theory.eq38_coefficient(*setting)
-    assert torch.allclose(
-        torch.tensor(my_shared_net(*setting), dtype=f64), torch.tensor(expected, dtype=f64), atol=1e-12
-    )
-print("✓ correct")
+with check("2.1"):
+    for setting in [(1.1, 0.9, 1.3, 0.7), (0.4, 1.6, 2.0, 0.5), (1.9, 1.05, 0.9, 1.1)]:
+        expect_close(
+            my_shared_net(*setting),
+            theory.eq38_coefficient(*setting),
+            "the shared step's net coefficient",
+            at=f"at (ρ1, ρ2, λ1, λ2) = {setting}",
+        )
 
 # %% [markdown]
 # **Exercise 2.2 — when does GSPO cancel?** For $\rho_1 = 1.2$, $\rho_2 = 0.8$, $\lambda_1 = 0.9$, find
@@ -259,12 +263,12 @@ print("✓ correct")
 
 # %%
 def my_cancelling_lambda2(rho1: float, rho2: float, lam1: float) -> float:
-    """The λ2 that makes GSPO's shared-prefix coefficient vanish. Replace this with your own answer."""
-    return lam1
+    """The λ2 that makes GSPO's shared-prefix coefficient vanish (a number or a formula)."""
+    raise NotImplementedError("Exercise 2.2: replace this line with your answer")
 
 
 # %%
-l2 = my_cancelling_lambda2(1.2, 0.8, 0.9)
-net = shared_prefix_net("gspo", 1.2, 0.8, 0.9, l2, **NO_CLIP)[0]  # step 1 ("answer"); step 2 is equal
-assert torch.allclose(torch.tensor(net, dtype=f64), torch.zeros((), dtype=f64), atol=1e-12), net
-print("✓ correct")
+with check("2.2"):
+    l2 = number(my_cancelling_lambda2(1.2, 0.8, 0.9), "λ2")
+    net = shared_prefix_net("gspo", 1.2, 0.8, 0.9, l2, **NO_CLIP)[0]  # step 1 ("answer"); step 2 is equal
+    expect_close(net, 0.0, "GSPO's net coefficient on the shared prefix", at=f"at λ2 = {l2}")

@@ -26,6 +26,7 @@ import statistics
 
 import plotly.io as pio
 import torch
+from exercise_check import check, expect_close  # the exercises' check cells (next to this file)
 from plotly.subplots import make_subplots
 
 from cancellation import compute_loss, group_advantages
@@ -234,6 +235,10 @@ for name, rows_by_seed in runs.items():
 #
 # ## Exercises
 #
+# Write the body of each `my_*` function (until you do, it raises `NotImplementedError`), run its
+# cell, then run the check cell below it: it prints ✓ or says what is missing or wrong. A worked
+# solution is in `tutorials/solutions/03_equivalent_solutions_and_entropy_collapse.py`; try first.
+#
 # **Exercise 3.1 — sequence weights from trajectory probabilities.** Eq. (44) has two forms of the
 # same weight. Write `my_sequence_weights(theta)` that computes $s_i =
 # (\pi_\theta(\tau_i)/\pi_{\theta_\text{old}}(\tau_i))^{1/|\tau_i|}$ for the three trajectories from
@@ -243,20 +248,19 @@ for name, rows_by_seed in runs.items():
 
 # %%
 def my_sequence_weights(theta: torch.Tensor) -> torch.Tensor:
-    """(3,) GSPO sequence weights at θ against θ_old. Replace this body with your own code."""
-    log_ratio = policy.traj_logp(theta) - policy.traj_logp(theta_old)
-    return (log_ratio / policy.lengths).exp()
+    """(3,) GSPO sequence weights at θ against θ_old, from whole-trajectory log-probabilities."""
+    raise NotImplementedError("Exercise 3.1: replace this line with your code")
 
 
 # %%
-for probs in (
-    {(): {"The": 0.3, "10": 0.7}},
-    {(): {"The": 0.6, "10": 0.4}, ("The", "answer", "is"): {"25": 0.1, "20": 0.9}},
-):
-    th = policy.logits_from_probs(probs)
-    expected = sequence_log_ratio(policy.token_logp(th, idx), old_logp, mask).exp()
-    assert torch.allclose(my_sequence_weights(th), expected, atol=1e-12)
-print("✓ correct")
+with check("3.1"):
+    for probs in (
+        {(): {"The": 0.3, "10": 0.7}},
+        {(): {"The": 0.6, "10": 0.4}, ("The", "answer", "is"): {"25": 0.1, "20": 0.9}},
+    ):
+        th = policy.logits_from_probs(probs)
+        expected = sequence_log_ratio(policy.token_logp(th, idx), old_logp, mask).exp()
+        expect_close(my_sequence_weights(th), expected, "the sequence weights s_i", at=f"at π_θ = {probs}")
 
 # %% [markdown]
 # **Exercise 3.2 — the drift of one GSPO run.** Using `simulate`, return the change of the log-odds
@@ -267,24 +271,22 @@ print("✓ correct")
 
 # %%
 def my_log_odds_drift() -> float:
-    """Final minus initial equiv_log_odds of the run. Replace this body with your own code."""
-    rows = simulate(sc, "gspo", steps=60, seed=3, epsilon_low=0.2, epsilon_high=0.2)
-    return rows[-1]["equiv_log_odds"] - policy.equiv_log_odds(theta_old)
+    """Final minus initial equiv_log_odds of the 60-step GSPO run (ε = 0.2, seed 3)."""
+    raise NotImplementedError("Exercise 3.2: replace this line with your code")
 
 
 # %%
-final = {}
-simulate(
-    sc,
-    "gspo",
-    steps=60,
-    seed=3,
-    epsilon_low=0.2,
-    epsilon_high=0.2,
-    callback=lambda step, z: final.update(z=z),
-)
-expected = policy.equiv_log_odds(final["z"]) - policy.equiv_log_odds(theta_old)
-assert torch.allclose(
-    torch.tensor(my_log_odds_drift(), dtype=f64), torch.tensor(expected, dtype=f64), atol=1e-12
-)
-print("✓ correct")
+with check("3.2"):
+    got = my_log_odds_drift()
+    final = {}
+    simulate(
+        sc,
+        "gspo",
+        steps=60,
+        seed=3,
+        epsilon_low=0.2,
+        epsilon_high=0.2,
+        callback=lambda step, z: final.update(z=z),
+    )
+    expected = policy.equiv_log_odds(final["z"]) - policy.equiv_log_odds(theta_old)
+    expect_close(got, expected, "the change of log π(τ2)/π(τ3) over the run")

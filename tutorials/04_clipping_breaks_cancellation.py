@@ -27,6 +27,7 @@ import statistics
 
 import plotly.io as pio
 import torch
+from exercise_check import check, ensure, expect_close  # the exercises' check cells (next to this file)
 from plotly.subplots import make_subplots
 
 from cancellation import compute_loss
@@ -220,6 +221,10 @@ for objective in ("grpo", "grpo_symclip"):
 #
 # ## Exercises
 #
+# Write the body of each `my_*` function (until you do, it raises `NotImplementedError`), run its
+# cell, then run the check cell below it: it prints ✓ or says what is missing or wrong. A worked
+# solution is in `tutorials/solutions/04_clipping_breaks_cancellation.py`; try first.
+#
 # **Exercise 4.1 — the leak from first principles.** For $w > 1+\varepsilon$ only $\tau_1$'s term
 # ($\hat A_1 = -1$, weight $w$) depends on $\theta$; for $w < 1-\varepsilon$ only $\tau_2$'s. Write
 # `my_grpo_net(w)` returning the net coefficient on the shared token for GRPO with ε = 0.2 on this
@@ -228,18 +233,16 @@ for objective in ("grpo", "grpo_symclip"):
 
 # %%
 def my_grpo_net(w: float) -> float:
-    """Σ_i ∂J/∂logp of the shared token 'answer' at ratio w. Replace this body with your own code."""
-    return theory.clip_coefficient(w, advantage=1.0, epsilon_low=0.2, epsilon_high=0.2, norm=4)
+    """Σ_i ∂J/∂logp of the shared token 'answer' at ratio w (GRPO, ε = 0.2, token-mean over 4 tokens)."""
+    raise NotImplementedError("Exercise 4.1: replace this line with your code")
 
 
 # %%
-for w in [0.1, 0.5, 0.79, 0.81, 1.0, 1.19, 1.21, 1.6, 1.95]:
-    assert torch.allclose(
-        torch.tensor(my_grpo_net(w), dtype=f64),
-        torch.tensor(clip_asymmetry_net("grpo", w), dtype=f64),
-        atol=1e-12,
-    ), w
-print("✓ correct")
+with check("4.1"):
+    for w in [0.1, 0.5, 0.79, 0.81, 1.0, 1.19, 1.21, 1.6, 1.95]:
+        expect_close(
+            my_grpo_net(w), clip_asymmetry_net("grpo", w), "GRPO's net coefficient", at=f"at w = {w}"
+        )
 
 # %% [markdown]
 # **Exercise 4.2 — where does clip-higher still cancel?** With DAPO's $\varepsilon_\text{low} = 0.2$,
@@ -250,15 +253,29 @@ print("✓ correct")
 
 # %%
 def my_cancelling_interval(epsilon_low: float, epsilon_high: float) -> tuple[float, float]:
-    """(w_lo, w_hi) where GRPO still cancels on the shared token. Replace this with your own answer."""
-    return (1.0 - epsilon_low, 1.0 + epsilon_high)
+    """(w_lo, w_hi) where GRPO still cancels on the shared token."""
+    raise NotImplementedError("Exercise 4.2: replace this line with your answer")
 
 
 # %%
-lo, hi = my_cancelling_interval(0.2, 0.28)
-clip_higher = {"epsilon_low": 0.2, "epsilon_high": 0.28}
-assert clip_asymmetry_net("grpo", lo + 1e-6, **clip_higher) == 0.0
-assert clip_asymmetry_net("grpo", hi - 1e-6, **clip_higher) == 0.0
-assert clip_asymmetry_net("grpo", lo - 1e-6, **clip_higher) != 0.0
-assert clip_asymmetry_net("grpo", hi + 1e-6, **clip_higher) != 0.0
-print("✓ correct")
+with check("4.2"):
+    interval = my_cancelling_interval(0.2, 0.28)
+    ensure(
+        isinstance(interval, (tuple, list)) and len(interval) == 2,
+        f"expected a pair (w_lo, w_hi), got {interval!r}",
+        kind="wrong type",
+    )
+    lo, hi = (float(w) for w in interval)
+    clip_higher = {"epsilon_low": 0.2, "epsilon_high": 0.28}
+    for name, w, inside, verdict in [
+        ("w_lo", lo + 1e-6, True, "too low"),
+        ("w_hi", hi - 1e-6, True, "too high"),
+        ("w_lo", lo - 1e-6, False, "too high"),
+        ("w_hi", hi + 1e-6, False, "too low"),
+    ]:
+        net = clip_asymmetry_net("grpo", w, **clip_higher)
+        ensure(
+            (net == 0.0) == inside,
+            f"{name} = {lo if name == 'w_lo' else hi:g} is {verdict}: at w = {w:.6f}, just "
+            f"{'inside' if inside else 'outside'} your interval, GRPO's net coefficient is {net:.6g}",
+        )

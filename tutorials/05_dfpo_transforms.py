@@ -34,6 +34,7 @@ import statistics
 import plotly.graph_objects as go
 import plotly.io as pio
 import torch
+from exercise_check import check, ensure, expect_close  # the exercises' check cells (next to this file)
 
 from cancellation import group_advantages
 from cancellation.diagnostics import shared_residual, steps_to_threshold, token_coefficients
@@ -414,6 +415,10 @@ for what, a, b in (
 #
 # ## Exercises
 #
+# Write the body of each `my_*` function (until you do, it raises `NotImplementedError`), run its
+# cell, then run the check cell below it: it prints ✓ or says what is missing or wrong. A worked
+# solution is in `tutorials/solutions/05_dfpo_transforms.py`; try first.
+#
 # **Exercise 5.1 — pick the transform.** Among the four transforms applied to the hand-made group of
 # section 1, which one returns the non-negative weight vector closest to $\bar{\mathbf s}$ that
 # satisfies eq. (73)? Return its name; the check measures all four.
@@ -421,18 +426,28 @@ for what, a, b in (
 
 # %%
 def my_closest_nonnegative_transform() -> str:
-    """Name of the transform (a key of TRANSFORMS). Replace this with your own answer."""
-    return "orth_proj_pos"
+    """Name of the transform (a key of TRANSFORMS)."""
+    raise NotImplementedError("Exercise 5.1: replace this line with your answer")
 
 
 # %%
 feasible = {n: w for n, w in results.items() if bool((w >= 0).all()) and abs(float(adv @ w)) < 1e-9}
 closest = min(feasible, key=lambda n: float((feasible[n] - s_bar).norm()))
-assert my_closest_nonnegative_transform() == closest, closest
-assert torch.allclose(results[closest], orth_proj_pos(s_bar, adv, group)) and not bool(
-    (orth_proj(s_bar, adv, group) >= 0).all()
-)
-print("✓ correct")
+# the exact QP is the closest; Orth-Proj alone can leave negative weights
+assert torch.allclose(results[closest], orth_proj_pos(s_bar, adv, group))
+assert not bool((orth_proj(s_bar, adv, group) >= 0).all())
+with check("5.1"):
+    name = my_closest_nonnegative_transform()
+    ensure(name in results, f"{name!r} is not one of the four transforms {sorted(results)}")
+    w = results[name]
+    ensure(bool((w >= 0).all()), f"{name!r} returns a negative weight: {[round(x, 4) for x in w.tolist()]}")
+    ensure(abs(float(adv @ w)) < 1e-9, f"{name!r} does not satisfy eq. (73): Σ Â s = {float(adv @ w):.3g}")
+    ensure(
+        name == closest,
+        f"{name!r} is non-negative and satisfies eq. (73), but lies at distance "
+        f"{float((w - s_bar).norm()):.4f} from s̄; another transform comes closer "
+        f"({float((feasible[closest] - s_bar).norm()):.4f})",
+    )
 
 # %% [markdown]
 # **Exercise 5.2 — the shrink factors.** Under the paper's estimator, DFPO's coefficient of every token
@@ -446,15 +461,15 @@ print("✓ correct")
 def my_shrink_factors(
     logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, transform
 ) -> torch.Tensor:
-    """(G,) s̃_i / s̄_i for one group, ε = 0.2. Replace this body with your own code."""
-    s_bar = sign_aware_clip(sequence_log_ratio(logp, old_logp, mask).exp(), adv, 0.2, 0.2)
-    return transform(s_bar, adv, group) / s_bar
+    """(G,) s̃_i / s̄_i for one group, ε = 0.2."""
+    raise NotImplementedError("Exercise 5.2: replace this line with your code")
 
 
 # %%
-coef_tr = token_coefficients(
-    "dfpo", logp, old_logp, adv_t, mask, group, transform="truncate_rebalance", **clip02
-)
-expected = coef_tr[:, 0] / coef_eq86[:, 0]
-assert torch.allclose(my_shrink_factors(logp, old_logp, adv_t, truncate_rebalance), expected, atol=1e-10)
-print("✓ correct")
+with check("5.2"):
+    got = my_shrink_factors(logp, old_logp, adv_t, truncate_rebalance)
+    coef_tr = token_coefficients(
+        "dfpo", logp, old_logp, adv_t, mask, group, transform="truncate_rebalance", **clip02
+    )
+    expected = coef_tr[:, 0] / coef_eq86[:, 0]
+    expect_close(got, expected, "the shrink factors φ_i", atol=1e-10)

@@ -34,6 +34,7 @@ import statistics
 import plotly.graph_objects as go
 import plotly.io as pio
 import torch
+from exercise_check import check, ensure, expect_close, expect_equal  # the exercises' check cells
 
 from cancellation import group_advantages
 from cancellation.batching import reward_balanced_select, split_minibatches
@@ -238,6 +239,10 @@ for rho in (None, 0.25):
 #
 # ## Exercises
 #
+# Write the body of each `my_*` function (until you do, it raises `NotImplementedError`), run its
+# cell, then run the check cell below it: it prints ✓ or says what is missing or wrong. A worked
+# solution is in `tutorials/solutions/06_batching.py`; try first.
+#
 # **Exercise 6.1 — break cancellation on purpose.** 002 verifies the failure mode by splitting each
 # batch **by advantage sign**: all $\hat A > 0$ completions in one mini-batch, the rest in another.
 # Write `my_sign_split(adv)` returning those two index tensors. The check measures the first-epoch
@@ -247,15 +252,23 @@ for rho in (None, 0.25):
 
 # %%
 def my_sign_split(adv: torch.Tensor) -> list[torch.Tensor]:
-    """[indices with Â > 0, indices with Â ≤ 0]. Replace this body with your own code."""
-    return [torch.nonzero(adv > 0).flatten(), torch.nonzero(adv <= 0).flatten()]
+    """[indices with Â > 0, indices with Â ≤ 0]."""
+    raise NotImplementedError("Exercise 6.1: replace this line with your code")
 
 
 # %%
-parts = my_sign_split(adv)
-assert torch.equal(torch.cat(parts).sort().values, torch.arange(len(adv))), "not a partition of the batch"
-assert torch.allclose(torch.tensor(first_epoch_residual(parts), dtype=f64), torch.ones((), dtype=f64))
-print("✓ correct")
+with check("6.1"):
+    parts = my_sign_split(adv)
+    ensure(
+        isinstance(parts, (list, tuple)) and all(isinstance(p, torch.Tensor) for p in parts),
+        f"expected a list of index tensors, got {type(parts).__name__}",
+        kind="wrong type",
+    )
+    ensure(
+        torch.equal(torch.cat(parts).long().sort().values, torch.arange(len(adv))),
+        "your parts are not a partition of the batch (every index 0 … N−1 exactly once)",
+    )
+    expect_close(first_epoch_residual(parts), 1.0, "the first-epoch whole-group residual of your split")
 
 # %% [markdown]
 # **Exercise 6.2 — the balance condition.** Write `my_is_balanced(adv, rho)` that says whether one
@@ -267,15 +280,21 @@ print("✓ correct")
 
 # %%
 def my_is_balanced(adv: torch.Tensor, rho: float) -> bool:
-    """002 Sec. 4's condition on one update batch. Replace this body with your own code."""
-    one_group = torch.zeros(len(adv), dtype=torch.long)
-    return reward_balanced_select(adv, one_group, rho, 1) is not None
+    """002 Sec. 4's condition on one update batch."""
+    raise NotImplementedError("Exercise 6.2: replace this line with your code")
 
 
 # %%
-batches = [adv, buffer_adv, buffer_adv[:12], buffer_adv[4:12], buffer_adv[:4]]
-for rho in (0.1, 0.2, 0.25, 0.3, 0.4, 0.45, 0.5):
-    for batch in batches:
-        library = reward_balanced_select(batch, torch.zeros(len(batch), dtype=torch.long), rho, 1) is not None
-        assert my_is_balanced(batch, rho) == library, (rho, batch)
-print("✓ correct")
+with check("6.2"):
+    batches = [adv, buffer_adv, buffer_adv[:12], buffer_adv[4:12], buffer_adv[:4]]
+    for rho in (0.1, 0.2, 0.25, 0.3, 0.4, 0.45, 0.5):
+        for batch in batches:
+            library = (
+                reward_balanced_select(batch, torch.zeros(len(batch), dtype=torch.long), rho, 1) is not None
+            )
+            expect_equal(
+                my_is_balanced(batch, rho),
+                library,
+                "the verdict",
+                at=f"at ρ = {rho} for Â = {[round(a, 3) for a in batch.tolist()]}",
+            )

@@ -28,6 +28,7 @@ import statistics
 import plotly.graph_objects as go
 import plotly.io as pio
 import torch
+from exercise_check import check, ensure, expect_close, number  # the exercises' check cells
 
 from cancellation import group_advantages, reweight_advantages
 from cancellation.batching import lopti_masks
@@ -227,6 +228,10 @@ for name, params in variants.items():
 #
 # ## Exercises
 #
+# Write the body of each `my_*` function (until you do, it raises `NotImplementedError`), run its
+# cell, then run the check cell below it: it prints ✓ or says what is missing or wrong. A worked
+# solution is in `tutorials/solutions/07_low_probability_tokens.py`; try first.
+#
 # **Exercise 7.1 — the lever by autograd.** Write `my_score_norm(i, t)` returning
 # $\lVert\nabla_z\log\pi(a_t^{(i)} \mid h_t^{(i)})\rVert$ for token $t$ of sampled completion $i$,
 # computed by autograd through `policy.token_logp`. The check compares with `softmax_grad_norm`
@@ -235,17 +240,14 @@ for name, params in variants.items():
 
 # %%
 def my_score_norm(i: int, t: int) -> float:
-    """‖∂ log π(a_t | h_t) / ∂ logits‖ for completion idx[i]. Replace this body with your own code."""
-    z = theta.clone().requires_grad_(True)
-    policy.token_logp(z, idx[i : i + 1])[0, t].backward()
-    return float(z.grad.norm())
+    """‖∂ log π(a_t | h_t) / ∂ logits‖ for completion idx[i], by autograd through `policy.token_logp`."""
+    raise NotImplementedError("Exercise 7.1: replace this line with your code")
 
 
 # %%
-for i, t in [(0, 0), (3, 2), (5, 5), (17, 1), (31, 4)]:
-    expected = score_norm[i, t]
-    assert torch.allclose(torch.tensor(my_score_norm(i, t), dtype=f64), expected, atol=1e-12), (i, t)
-print("✓ correct")
+with check("7.1"):
+    for i, t in [(0, 0), (3, 2), (5, 5), (17, 1), (31, 4)]:
+        expect_close(my_score_norm(i, t), score_norm[i, t], "‖∇_z log π‖", at=f"at (i, t) = ({i}, {t})")
 
 # %% [markdown]
 # **Exercise 7.2 — reading the AR factor.** With α = 0.2, at which old probability does Advantage
@@ -255,12 +257,13 @@ print("✓ correct")
 
 # %%
 def my_pi_for_90_percent(alpha: float) -> float:
-    """π_old with α·π_old + (1 − α) = 0.9. Replace this with your own answer."""
-    return 0.5
+    """π_old with α·π_old + (1 − α) = 0.9."""
+    raise NotImplementedError("Exercise 7.2: replace this line with your answer")
 
 
 # %%
-pi = my_pi_for_90_percent(0.2)
-kept = reweight_advantages(torch.ones(1, dtype=f64), torch.tensor([[pi]], dtype=f64).log(), alpha=0.2)
-assert torch.allclose(kept, torch.tensor([[0.9]], dtype=f64), atol=1e-12), kept
-print("✓ correct")
+with check("7.2"):
+    pi = number(my_pi_for_90_percent(0.2), "π_old")
+    ensure(0.0 < pi <= 1.0, f"π_old = {pi} is not a probability")
+    kept = reweight_advantages(torch.ones(1, dtype=f64), torch.tensor([[pi]], dtype=f64).log(), alpha=0.2)
+    expect_close(kept[0, 0], 0.9, "the fraction of the advantage AR keeps", at=f"at π_old = {pi}")

@@ -1,0 +1,195 @@
+"""The tutorials' exercise checks: run your answer, say what is right or wrong, never stop the notebook.
+
+Every exercise of a tutorial is a function ``my_*`` that you write, followed by a check cell of the form
+
+    with check("1.1"):
+        expect_close(my_coefficients(a_hat, logp, mask), expected, "∂J/∂logp")
+
+The ``with check(...)`` block prints exactly one status line and never raises, so the notebook runs on
+to the end whatever state your answers are in:
+
+- ``✓ Exercise 1.1: correct``
+- ``✗ Exercise 1.1: not solved yet — `my_coefficients` still raises NotImplementedError ...`` (or is not
+  defined yet: run the exercise cell first)
+- ``✗ Exercise 1.1: wrong shape — ...`` / ``wrong value — ... expected ..., got ...`` / ``wrong type — ...``
+- ``✗ Exercise 1.1: your code raised TypeError: ...`` followed by the traceback, to debug from.
+
+This file sits next to the tutorials, which import it from their working directory (Jupyter starts a
+notebook's kernel in the notebook's folder). It knows nothing about the answers: the check cells
+compute the expected values with the library. The solutions are in ``tutorials/solutions/``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import sys
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+__all__ = ["Wrong", "check", "ensure", "expect_close", "expect_equal", "number"]
+
+#: tensors with at most this many entries are printed in full in a "wrong value" message
+_PRINT_NUMEL = 16
+
+
+class Wrong(Exception):
+    """An answer that runs but is not right; its message says what is wrong (raised by the helpers)."""
+
+
+@contextmanager
+def check(exercise: str) -> Iterator[None]:
+    """Run the block, then print one status line for ``exercise``; an exception in the block never escapes.
+
+    ``NotImplementedError`` raised by a ``my_*`` function is "not solved yet"; a :class:`Wrong` from one
+    of the ``expect_*`` helpers is a wrong answer (its message says how); any other exception is an
+    error in your code, printed with its traceback.
+    """
+    label = f"Exercise {exercise}"
+    try:
+        yield
+    except NotImplementedError as err:
+        name = _innermost_function(err)
+        if not name.startswith("my_"):
+            _report_error(label, err)
+            return
+        print(
+            f"✗ {label}: not solved yet — `{name}` still raises NotImplementedError. Write its body in the "
+            "exercise cell above, run that cell, then run this check again."
+        )
+    except NameError as err:
+        name = getattr(err, "name", None) or ""
+        if not name.startswith("my_"):
+            _report_error(label, err)
+            return
+        print(f"✗ {label}: not solved yet — `{name}` is not defined: run the exercise cell above first.")
+    except Wrong as err:
+        print(f"✗ {label}: {err}")
+    except Exception as err:
+        _report_error(label, err)
+    else:
+        print(f"✓ {label}: correct")
+
+
+def ensure(condition: bool, message: str, kind: str = "wrong value") -> None:
+    """Raise :class:`Wrong` ("<kind> — <message>") unless ``condition`` holds."""
+    if not condition:
+        raise Wrong(f"{kind} — {message}")
+
+
+def number(value: Any, what: str) -> float:
+    """``value`` as a float, or :class:`Wrong` saying that the answer is not a number."""
+    if value is None:
+        raise Wrong(f"wrong type — {what}: your function returned None (did it forget to `return`?)")
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise Wrong(f"wrong type — {what}: expected a number, got {type(value).__name__} {value!r}")
+    return float(value)
+
+
+def expect_close(
+    got: Any, expected: Any, what: str, *, at: str = "", atol: float = 1e-12, rtol: float = 1e-5
+) -> None:
+    """``got`` matches ``expected`` (a tensor or a number) in type, shape, dtype and value (``torch.allclose``).
+
+    ``what`` names the quantity and ``at`` the case being checked (e.g. ``"at w = 1.21"``); both appear
+    in the message. A float answer may be a Python number, a one-element tensor or a tensor.
+    """
+    where = f"{what} {at}".strip()
+    exp = expected if isinstance(expected, torch.Tensor) else torch.tensor(expected, dtype=torch.float64)
+    if got is None:
+        raise Wrong(f"wrong type — {where}: your function returned None (did it forget to `return`?)")
+    if not isinstance(got, torch.Tensor):
+        if exp.ndim == 0 and not isinstance(got, numbers.Real):
+            raise Wrong(f"wrong type — {where}: expected a number, got {type(got).__name__}")
+        try:
+            got = torch.as_tensor(got, dtype=exp.dtype)
+        except (TypeError, ValueError, RuntimeError):
+            raise Wrong(
+                f"wrong type — {where}: expected {_describe(exp)}, got {type(got).__name__}"
+            ) from None
+    if exp.ndim == 0 and got.numel() == 1:
+        got = got.reshape(())
+    if got.shape != exp.shape:
+        raise Wrong(
+            f"wrong shape — {where}: expected {_describe(exp)}, got a tensor of shape {tuple(got.shape)}"
+        )
+    if got.dtype != exp.dtype:
+        raise Wrong(
+            f"wrong dtype — {where}: expected {exp.dtype}, got {got.dtype} (the toy computes in float64; "
+            "keep the dtype of the tensors you start from)"
+        )
+    got = got.detach()
+    if torch.allclose(got, exp, rtol=rtol, atol=atol):
+        return
+    message = f"wrong value — {where}: "
+    if exp.numel() <= _PRINT_NUMEL:
+        message += f"expected {_fmt(exp)}, got {_fmt(got)}"
+    else:
+        bad = ~torch.isclose(got, exp, rtol=rtol, atol=atol)
+        diff = torch.where(bad, (got - exp).abs().nan_to_num(math.inf), torch.zeros_like(exp))
+        index = tuple(int(i) for i in torch.unravel_index(diff.argmax(), exp.shape))
+        message += (
+            f"{int(bad.sum())} of {exp.numel()} entries differ; the largest difference is at index {index}: "
+            f"expected {_fmt(exp[index])}, got {_fmt(got[index])}"
+        )
+    raise Wrong(message + _hint(got, exp, rtol, atol))
+
+
+def expect_equal(got: Any, expected: Any, what: str, *, at: str = "") -> None:
+    """``got == expected`` for exact answers (a bool, a string, an int)."""
+    where = f"{what} {at}".strip()
+    if got is None:
+        raise Wrong(f"wrong type — {where}: your function returned None (did it forget to `return`?)")
+    if isinstance(expected, bool):
+        if isinstance(got, torch.Tensor) and got.numel() == 1 and got.dtype == torch.bool:
+            got = bool(got)
+        elif type(got).__name__ == "bool_":  # numpy's
+            got = bool(got)
+        if not isinstance(got, bool):
+            raise Wrong(f"wrong type — {where}: expected True or False, got {type(got).__name__} {got!r}")
+    if got != expected:
+        raise Wrong(f"wrong value — {where}: expected {expected!r}, got {got!r}")
+
+
+def _describe(t: torch.Tensor) -> str:
+    return "a number" if t.ndim == 0 else f"a tensor of shape {tuple(t.shape)}"
+
+
+def _fmt(t: torch.Tensor) -> str:
+    if t.ndim == 0:
+        return f"{t.item():.6g}"
+    return "[" + ", ".join(_fmt(row) for row in t) + "]"
+
+
+def _hint(got: torch.Tensor, exp: torch.Tensor, rtol: float, atol: float) -> str:
+    """A pointer for two common slips: the opposite sign, a missing or extra constant factor."""
+    if not bool(torch.isfinite(got).all()) or float(exp.abs().max()) <= atol:
+        return ""
+    if torch.allclose(got, -exp, rtol=rtol, atol=atol):
+        return " (the opposite sign)"
+    if exp.numel() > 1 and exp.dtype.is_floating_point:
+        c = float((got * exp).sum() / (exp * exp).sum())
+        if c != 0.0 and torch.allclose(got, c * exp, rtol=rtol, atol=atol):
+            return f" (yours are {c:.6g} × the expected values: a missing or extra constant factor?)"
+    return ""
+
+
+def _innermost_function(err: BaseException) -> str:
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame.f_code.co_name if tb is not None else "?"
+
+
+def _report_error(label: str, err: Exception) -> None:
+    print(f"✗ {label}: your code raised {type(err).__name__}: {err}   (traceback below)")
+    tb = err.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:  # start at the check cell
+        tb = tb.tb_next
+    traceback.print_exception(type(err), err, tb, file=sys.stdout)

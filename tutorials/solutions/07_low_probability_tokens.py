@@ -1,0 +1,20 @@
+"""Solutions to the exercises of tutorial 7 (`tutorials/07_low_probability_tokens.py`): try them yourself first.
+
+Each function is meant to replace the exercise cell of the same name in the notebook: it uses the
+notebook's variables (`policy`, `mask`, ...) and imports, so this file is not run on its own. The
+tutorial tests (`tests/tutorials`) run every notebook with these bodies put in its exercise cells.
+"""
+
+# ruff: noqa: F821
+
+
+def my_score_norm(i: int, t: int) -> float:
+    """‖∂ log π(a_t | h_t) / ∂ logits‖ for completion idx[i], by autograd through `policy.token_logp`."""
+    z = theta.clone().requires_grad_(True)
+    policy.token_logp(z, idx[i : i + 1])[0, t].backward()
+    return float(z.grad.norm())
+
+
+def my_pi_for_90_percent(alpha: float) -> float:
+    """π_old with α·π_old + (1 − α) = 0.9."""
+    return (0.9 - (1.0 - alpha)) / alpha
