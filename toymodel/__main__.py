@@ -7,10 +7,12 @@
     python -m toymodel template_task --objective gspo --estimator paper   # DFPO's eq. 86 control
     python -m toymodel template_task --compare --seeds 10 --steps 150   # the README's table
 
-A run prints every k-th step (the mean over seeds) and a final summary; ``--json`` prints the config,
-every seed's rows and the summary as JSON instead (NaN as null). Each option maps to one argument of
-``toymodel.simulate`` (objective parameters such as ``--epsilon-low`` are passed only when given, so
-the objective's own defaults apply otherwise).
+A run prints every k-th step (the mean over seeds) and a final summary as ``rich`` tables whose columns
+fit their values; "n/a" marks a value that does not exist (NaN: e.g. no token shared by the group at
+that step) and a std over one seed. ``--json`` prints the config, every seed's rows and the summary as
+JSON instead (NaN as null). Each option maps to one argument of ``toymodel.simulate`` (objective
+parameters such as ``--epsilon-low`` are passed only when given, so the objective's own defaults apply
+otherwise). Bad option values end in an argparse error naming the option (exit code 2, no traceback).
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ import time
 from typing import Any
 
 import torch
+from rich import box
+from rich.console import Console
+from rich.measure import Measurement
+from rich.table import Table
 
 from cancellation import compute_loss
 from cancellation.batching import SPLIT_MODES
@@ -68,6 +74,49 @@ SUMMARY_KEYS = (
 NO_CLIP = {"epsilon_low": 0.999999, "epsilon_high": 1e9}
 
 
+def _int_at_least(low: int, why: str = "") -> Any:
+    """argparse type: an int ≥ ``low``; the error (argparse prefixes the option) says why."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be ≥ {low}, got {value}{why}")
+        return value
+
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    """argparse type: a finite float > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
+def _finite_float(text: str) -> float:
+    """argparse type: a finite float."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
+#: why G = 1 is refused (the Training lab warns the same)
+GROUP_OF_ONE = (
+    ": a group of one completion is its own group's mean, so every advantage is 0 and nothing learns"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m toymodel",
@@ -94,24 +143,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--no-clip", action="store_true", help="disable clipping (grpo/gspo/dfpo: ε_low=0.999999, ε_high=1e9)"
     )
-    p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--group-size", type=int, default=8)
-    p.add_argument("--lr", type=float, default=None, help="default: 0.5 for sgd, 0.05 for adam")
+    p.add_argument("--steps", type=_int_at_least(1, ": a run needs at least one step to report"), default=200)
+    p.add_argument(
+        "--group-size", type=_int_at_least(2, GROUP_OF_ONE), default=8, help="G, completions per group (≥ 2)"
+    )
+    p.add_argument("--lr", type=_positive_float, default=None, help="default: 0.5 for sgd, 0.05 for adam")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd")
-    p.add_argument("--inner-epochs", type=int, default=4)
-    p.add_argument("--seeds", type=int, default=1, help="number of seeds (runs)")
+    p.add_argument("--inner-epochs", type=_int_at_least(1), default=4)
+    p.add_argument("--seeds", type=_int_at_least(1), default=1, help="number of seeds (runs)")
     p.add_argument("--seed", type=int, default=0, help="first seed")
-    p.add_argument("--num-groups", type=int, default=1)
+    p.add_argument("--num-groups", type=_int_at_least(1), default=1)
     p.add_argument("--batching", choices=SPLIT_MODES, default="query")
-    p.add_argument("--num-minibatches", type=int, default=1)
+    p.add_argument("--num-minibatches", type=_int_at_least(1), default=1)
     p.add_argument("--reward-balanced-rho", type=float, default=None)
     p.add_argument("--lopti-eta", type=float, default=None)
     p.add_argument("--ar-alpha", type=float, default=None)
     p.add_argument("--adv-scale", choices=("group", "batch", "none"), default="group")
     p.add_argument("--aggregation", default=None)
-    p.add_argument("--every", type=int, default=None, help="print every k-th step (default: about 20 rows)")
     p.add_argument(
-        "--threshold", type=float, default=0.9, help="expected-reward threshold for steps-to-threshold"
+        "--every", type=_int_at_least(1), default=None, help="print every k-th step (default: about 20 rows)"
+    )
+    p.add_argument(
+        "--threshold",
+        type=_finite_float,
+        default=0.9,
+        help="expected-reward threshold for steps-to-threshold",
     )
     p.add_argument(
         "--compare",
@@ -133,12 +189,39 @@ def _objective_params(args: argparse.Namespace) -> dict[str, Any]:
     return params
 
 
-def _fmt(x: float, width: int = 10) -> str:
-    return f"{'nan':>{width}s}" if math.isnan(x) else f"{x:{width}.4f}"
+#: how a value that does not exist is shown (NaN, a std over one seed)
+NA = "n/a"
+
+
+def _fmt(x: float | None) -> str:
+    """4 decimals; 'n/a' for NaN or None; scientific notation where 4 decimals would be unreadable."""
+    if x is None or math.isnan(x):
+        return NA
+    if math.isinf(x) or abs(x) >= 1e9:
+        return f"{x:.4e}"
+    return f"{x:.4f}"
+
+
+def _table(*columns: str) -> Table:
+    """A plain table: a header rule, right-aligned columns that never wrap or truncate."""
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for i, name in enumerate(columns):
+        table.add_column(name, justify="left" if i == 0 and name != "step" else "right", no_wrap=True)
+    return table
+
+
+def _print_table(table: Table) -> None:
+    """Print at the table's natural width, however narrow the terminal (nothing cut or wrapped)."""
+    console = Console(file=sys.stdout, highlight=False)
+    width = Measurement.get(console, console.options.update_width(1_000_000), table).maximum
+    if width > console.width:
+        console = Console(file=sys.stdout, highlight=False, width=width)
+    console.print(table)
 
 
 def _nan_to_none(x: Any) -> Any:
-    if isinstance(x, float) and math.isnan(x):
+    """NaN (and ±inf) as None, recursively: the JSON output is strict JSON."""
+    if isinstance(x, float) and not math.isfinite(x):
         return None
     if isinstance(x, dict):
         return {k: _nan_to_none(v) for k, v in x.items()}
@@ -147,9 +230,32 @@ def _nan_to_none(x: Any) -> Any:
     return x
 
 
+def _dump_json(obj: Any) -> None:
+    json.dump(_nan_to_none(obj), sys.stdout, indent=1, allow_nan=False)
+    print()
+
+
+#: options that choose or tune one objective (they do not apply to --compare's fixed variants)
+OBJECTIVE_OPTIONS = (
+    "objective",
+    "transform",
+    "estimator",
+    "length_norm",
+    "epsilon_low",
+    "epsilon_high",
+    "epsilon",
+)
+
+
 def run_compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    if args.seeds < 1:
-        parser.error("--seeds must be ≥ 1")
+    given = [f"--{n.replace('_', '-')}" for n in OBJECTIVE_OPTIONS if getattr(args, n) is not None]
+    if args.no_clip:
+        given.append("--no-clip")
+    if given:
+        parser.error(
+            f"--compare runs the fixed variants of toymodel.compare.VARIANTS, each with its own objective "
+            f"parameters, so {', '.join(given)} would be ignored: drop them, or run one objective without --compare"
+        )
     config = _simulate_config(args)
     config.pop("steps")
     t0 = time.perf_counter()
@@ -158,17 +264,14 @@ def run_compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     except (ValueError, TypeError) as exc:
         parser.error(str(exc))
     if args.json:
-        json.dump(
-            _nan_to_none({"scenario": args.scenario, "config": config, "rows": rows}), sys.stdout, indent=1
-        )
-        print()
+        _dump_json({"scenario": args.scenario, "config": config, "rows": rows})
         return 0
     print(
         f"{args.scenario}: {args.seeds} seeds × {args.steps} steps, G={args.group_size}, "
         f"{args.inner_epochs} inner epochs, {args.optimizer} (mean ± std over seeds; "
         f"{time.perf_counter() - t0:.1f} s)\n"
     )
-    print(format_table(rows, args.threshold))
+    print(format_table(rows, args.threshold, seeds=args.seeds))
     return 0
 
 
@@ -195,8 +298,6 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return run_compare(args, parser)
     if args.objective is None:
         parser.error("--objective is required for a scenario run (grpo, grpo_symclip, gspo, dfpo)")
-    if args.seeds < 1:
-        parser.error("--seeds must be ≥ 1")
     params = _objective_params(args)
     config = _simulate_config(args)
     seeds = list(range(args.seed, args.seed + args.seeds))
@@ -221,13 +322,45 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             "summary": summary,
             "seconds": elapsed,
         }
-        json.dump(_nan_to_none(out), sys.stdout, indent=1)
-        print()
+        _dump_json(out)
         return 0
     n = len(runs[0])
     every = args.every or max(1, n // 20)
-    print(f"{args.scenario} · {args.objective} {params or ''} · {len(seeds)} seed(s) · {elapsed:.2f} s")
-    print(f"{'step':>6s} " + " ".join(f"{k[:10]:>10s}" for k in TABLE_KEYS))
+    what = f"{args.objective} {params}" if params else args.objective
+    print(f"{args.scenario} · {what} · {len(seeds)} seed(s) · {elapsed:.2f} s")
+    print(step_table_title(every, n, len(seeds)))
+    _print_table(step_table(runs, every))
+    print("\nsummary over seeds (final value, Jitter₂ = DFPO eq. 20):")
+    _print_table(summary_table(summary, runs))
+    print()
+    reward = summary["expected_reward"]
+    reached = sum(h is not None for h in reward["steps_to_threshold"])
+    if reached:
+        print(
+            f"steps to expected_reward ≥ {reward['threshold']:g}: {_fmt(reward['steps_mean'])} (mean over the "
+            f"{reached} of {len(seeds)} seed(s) that reached it)"
+        )
+    else:
+        print(f"steps to expected_reward ≥ {reward['threshold']:g}: n/a (no seed reached it in {n} steps)")
+    print(
+        "n/a: the value does not exist (no token shared by a group at that step, so no residual; a std over one seed)"
+    )
+    return 0
+
+
+def step_table_title(every: int, steps: int, n_seeds: int) -> str:
+    which = "every step" if every == 1 else f"every {every} steps of {steps} (and the last)"
+    return f"{which}, " + (
+        f"the mean over the {n_seeds} seeds' values (a seed without one is left out):"
+        if n_seeds > 1
+        else "one seed:"
+    )
+
+
+def step_table(runs: list[list[dict[str, float]]], every: int) -> Table:
+    """Every ``every``-th step (and the last) of ``TABLE_KEYS``, the mean over seeds of the finite values."""
+    n = len(runs[0])
+    table = _table("step", *TABLE_KEYS)
     for i in range(n):
         if (i + 1) % every and i != n - 1:
             continue
@@ -235,14 +368,19 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         for k in TABLE_KEYS:
             xs = [r[i][k] for r in runs if not math.isnan(r[i][k])]
             vals.append(statistics.mean(xs) if xs else math.nan)
-        print(f"{i + 1:6d} " + " ".join(_fmt(v) for v in vals))
-    print("\nsummary over seeds (final value, Jitter2 = DFPO eq. 20):")
+        table.add_row(str(i + 1), *(_fmt(v) for v in vals))
+    return table
+
+
+def summary_table(summary: dict[str, dict[str, Any]], runs: list[list[dict[str, float]]]) -> Table:
+    """``summarize``'s final mean ± sample std and Jitter₂ per metric; the std is n/a when fewer than two
+    seeds have a final value (``summarize`` reports 0 there)."""
+    table = _table("metric", "final", "± std", "Jitter₂")
     for k, s in summary.items():
-        line = f"  {k:21s} final {_fmt(s['final_mean'], 8)} ± {_fmt(s['final_std'], 6)}  jitter2 {_fmt(s['jitter2_mean'], 8)}"
-        if "steps_mean" in s:
-            line += f"  steps to ≥ {s['threshold']}: {_fmt(s['steps_mean'], 6)} ({s['reached_frac']:.0%} of seeds)"
-        print(line)
-    return 0
+        finite = sum(not math.isnan(r[-1][k]) for r in runs)
+        std = s["final_std"] if finite > 1 else math.nan
+        table.add_row(k, _fmt(s["final_mean"]), _fmt(std), _fmt(s["jitter2_mean"]))
+    return table
 
 
 # -----------------------------------------------------------------------------------------------

@@ -115,8 +115,13 @@ def compare(
     return rows
 
 
-def format_table(rows: Sequence[Mapping[str, Any]], threshold: float = 0.9) -> str:
-    """A Markdown table of ``compare``'s rows (mean ± std over seeds)."""
+def format_table(rows: Sequence[Mapping[str, Any]], threshold: float = 0.9, seeds: int | None = None) -> str:
+    """A Markdown table of ``compare``'s rows (mean ± std over seeds).
+
+    "n/a" stands for a value that does not exist: a NaN mean (e.g. no event shared by the whole group),
+    and, when ``seeds`` (the seeds per variant) is given, a std over one seed: a run over one seed, or a
+    column over the seeds that reached the threshold when only one did.
+    """
     heads = {
         "expected_reward": "E[R] final",
         "equiv_entropy": "equiv. entropy",
@@ -135,7 +140,11 @@ def format_table(rows: Sequence[Mapping[str, Any]], threshold: float = 0.9) -> s
         for c in COLUMNS:
             mean, std = r[c], r[f"{c}_std"]
             digits = 1 if c == "steps_to_threshold" else (5 if c == "jitter2" else 3)
-            cell = "n/a" if math.isnan(mean) else f"{mean:.{digits}f} ± {std:.{digits}f}"
+            n = seeds
+            if n is not None and c in ("steps_to_threshold", "template_kl_at_threshold"):
+                n = round(r["reached_frac"] * seeds)  # the std is over the seeds that reached it
+            spread = "n/a" if (n is not None and n < 2) or math.isnan(std) else f"{std:.{digits}f}"
+            cell = "n/a" if math.isnan(mean) else f"{mean:.{digits}f} ± {spread}"
             if c == "steps_to_threshold" and r["reached_frac"] < 1.0:
                 cell += f" ({r['reached_frac']:.0%} reached)"
             cells.append(cell)

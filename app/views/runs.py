@@ -4,12 +4,17 @@ Pick a folder that holds run folders (each written by ``python -m scaledrun.trai
 and a ``config.yaml``), then one or more runs. The curves are ``app.figures.curve_figure`` with
 ``{run label: [rows]}`` (one run per label, so no seed band), on the same row keys as the toy's training
 lab where they exist (``scaledrun.train.STEP_KEYS``); the table compares the runs side by side with
-``cancellation.diagnostics.steps_to_threshold`` and ``jitter2`` (DFPO Table 2, eq. 20). The cancellation
+``cancellation.diagnostics.steps_to_threshold`` and ``jitter2`` (DFPO Table 2, eq. 20). Steps to threshold
+reads the reward's trailing mean over full windows only (a partial window at the start of a run is one or
+a few noisy steps, not a level the run has reached); the threshold defaults to one relative to the picked
+runs' rewards (``auto_threshold``), since a fixed one can lie below where every run starts. The cancellation
 meters (``cancellation.update.RESIDUAL_KEYS``) are drawn beside the other curves; the energy and
 token-flip diagnostics, which the trainer measures on one mini-batch of each step, get their own section.
 
 The folder input's default is the environment variable ``CANCELLATION_RUNS_DIR`` when set (the browser
 test points it at a fixture run), else ``runs/`` (the trainer's default ``output_dir`` is ``runs/tiny``).
+The folder may also be one run folder: that run is then the one run offered, under its own name. A new
+folder starts with its first runs picked (a selection never outlives the folder it was made in).
 """
 
 from __future__ import annotations
@@ -86,6 +91,14 @@ def find_runs(folder: Path) -> list[Path]:
     return [p for p in candidates if (p / METRICS_FILE).is_file() and (p / CONFIG_FILE).is_file()]
 
 
+def run_names(folder: Path, found: list[Path]) -> dict[str, Path]:
+    """{name shown in the picker: run folder}: a sub-folder by its name, ``folder`` itself by its own name
+    (``.`` only if a sub-folder has that name too)."""
+    own = folder.resolve().name or str(folder.resolve())
+    subs = {p.name for p in found if p != folder}
+    return {(own if own not in subs else ".") if p == folder else p.name: p for p in found}
+
+
 @st.cache_data(show_spinner=False, max_entries=256)
 def load_run(path: str, mtime: float) -> tuple[list[dict[str, float]], dict[str, Any]]:
     """(rows, config) of the run folder ``path``; ``mtime`` (of metrics.jsonl) keys the cache.
@@ -160,14 +173,46 @@ def moving_mean(rows: list[dict[str, float]], window: int) -> list[dict[str, flo
     return out
 
 
+def window_means(rows: list[dict[str, float]], key: str, window: int) -> tuple[list[float], list[float]]:
+    """(steps, values): the trailing mean of ``key`` over ``window`` rows, at the rows whose window is full.
+
+    A row's window is itself and the ``window − 1`` rows before it; the first ``window − 1`` rows have a
+    partial window and give nothing (their "mean" would be one or a few noisy steps). NaN values are left
+    out of a mean; a window without a finite value, or a row whose own value is NaN, gives nothing.
+    """
+    window = max(1, int(window))
+    steps, values = [], []
+    for i in range(window - 1, len(rows)):
+        r = rows[i]
+        if not math.isfinite(r.get(key, math.nan)):
+            continue
+        vals = [x[key] for x in rows[i - window + 1 : i + 1] if math.isfinite(x.get(key, math.nan))]
+        steps.append(r["step"])
+        values.append(sum(vals) / len(vals))
+    return steps, values
+
+
+def auto_threshold(curves: list[list[float]]) -> float | None:
+    """The default reward threshold for ``curves`` (each run's full-window reward means): halfway from the
+    highest starting level (a run's first full-window mean) to the best level any run reaches, so that no
+    run counts as having reached it at its start unless it starts at the best level. None: no full window."""
+    curves = [c for c in curves if c]
+    if not curves:
+        return None
+    start, best = max(c[0] for c in curves), max(max(c) for c in curves)
+    return start + 0.5 * (best - start)
+
+
 def summary_row(
-    label: str, rows: list[dict[str, float]], config: dict[str, Any], threshold: float, window: int
+    label: str, rows: list[dict[str, float]], config: dict[str, Any], threshold: float | None, window: int
 ):
-    """One table row: config, final values, steps to threshold (smoothed reward), Jitter₂ (raw reward)."""
-    steps, reward = curve(rows, "reward/mean")
-    _, smooth = curve(moving_mean(rows, window), "reward/mean")
+    """One table row: config, final values, steps to threshold (the reward's full-window trailing mean;
+    NaN when never reached, when there is no threshold or the run is shorter than the window), Jitter₂ (the
+    raw reward)."""
+    _, reward = curve(rows, "reward/mean")
+    steps, smooth = window_means(rows, "reward/mean", window)
     _, greedy = curve(rows, "eval/greedy_accuracy")
-    reached = steps_to_threshold(smooth, threshold, steps) if smooth else None
+    reached = steps_to_threshold(smooth, threshold, steps) if smooth and threshold is not None else None
     return {
         "run": label,
         "objective": config.get("objective"),
@@ -211,12 +256,29 @@ with st.sidebar:
             "`python -m scaledrun.train --output_dir <folder>/<name>` writes. Train one, or pick another folder."
         )
         st.stop()
-    names = {("." if p == folder else p.name): p for p in found}
-    picked = st.multiselect("Runs", list(names), default=list(names)[:4], key="runs")
-    window = st.slider("Moving mean over steps", 1, 50, 10, key="window")
-    threshold = st.number_input(
-        "Reward threshold", min_value=0.0, max_value=1.0, value=0.35, step=0.05, key="threshold"
-    )
+    names = run_names(folder, found)
+    # the picks belong to a folder: a new folder starts with its first runs (a kept selection would be
+    # filtered to nothing by the new options); the same folder whose runs changed keeps the picks that remain
+    listing = (str(folder.resolve()), tuple(names))
+    if st.session_state.get("runs_listing") != listing:
+        before = st.session_state.get("runs_listing")
+        same_folder = before is None or before[0] == listing[0]
+        kept = [n for n in st.session_state.get("runs", []) if n in names] if same_folder else []
+        st.session_state["runs"] = kept or list(names)[:4]
+        st.session_state["runs_listing"] = listing
+    picked = st.multiselect("Runs", list(names), key="runs")
+    window = st.slider(
+        "Moving mean over steps", 1, 50, 10, key="window",
+        help="Curves: the trailing mean over this many steps. Steps to threshold uses full windows only.",
+    )  # fmt: skip
+    threshold_in = st.number_input(
+        "Reward threshold", value=None, step=0.05, format="%.3f", key="threshold", placeholder="auto",
+        help="Steps to threshold: the first step whose reward/mean, as a trailing mean over a full window, "
+        "reaches this. Empty (the default): auto, halfway from the highest starting level of the picked "
+        "runs (each run's first full-window mean) to the best level any of them reaches, so that no run "
+        "has reached it at its start and the runs that get further reach it first. Type a value for a "
+        "fixed threshold; clear it to go back to auto.",
+    )  # fmt: skip
 
 if not picked:
     st.info("Pick one or more runs in the sidebar.")
@@ -244,14 +306,29 @@ for i, (label, (rows, _)) in enumerate(runs.items()):
     )
 
 st.subheader("Side by side")
-table = pd.DataFrame([summary_row(lbl, r, c, float(threshold), int(window)) for lbl, (r, c) in runs.items()])
+if threshold_in is None:
+    threshold = auto_threshold([window_means(r, "reward/mean", int(window))[1] for r, _ in runs.values()])
+    how = (
+        f"auto = {threshold:.3f}, halfway from the highest starting level of these runs to the best level "
+        "any of them reaches (full-window trailing means)"
+        if threshold is not None
+        else f"auto: none, no run has a full window of {window} steps (lower the moving-mean window)"
+    )
+else:
+    threshold = float(threshold_in)
+    how = f"{threshold:g}, as entered"
+table = pd.DataFrame([summary_row(lbl, r, c, threshold, int(window)) for lbl, (r, c) in runs.items()])
 st.dataframe(table.set_index("run"), key="summary")
 st.caption(
-    f"Steps to threshold: the first step whose reward/mean, as a trailing mean over {window} steps, reaches "
-    f"{threshold:g} (empty: never). Jitter₂ (eq. 20) of the raw per-step reward/mean."
+    f"Steps to threshold: the first step whose reward/mean, as a trailing mean over a full window of {window} "
+    f"steps (that step and the {window - 1} before it), reaches the threshold: {how}. Empty: never, or the run "
+    f"is shorter than the window (so is 'mean reward, last {window}'). Jitter₂ (eq. 20) of the raw per-step "
+    "reward/mean."
 )
 
 st.subheader(f"Curves (trailing mean over {window} steps)")
+if window > 1:
+    st.caption(f"The first {window - 1} points of each curve average the fewer steps there are so far.")
 smoothed = {label: moving_mean(rows, int(window)) for label, (rows, _) in runs.items()}
 
 

@@ -32,8 +32,12 @@ from cancellation.advantages import SCALES
 from cancellation.diagnostics import token_coefficients
 from cancellation.objectives import ESTIMATORS, group_asym, sign_aware_clip
 
-#: the group shown at first: G = 4, two correct and two wrong completions
-DEFAULT_GROUP = pd.DataFrame({"reward": [1.0, 0.0, 1.0, 0.0], "s": [1.3, 0.9, 1.05, 0.7]})
+#: the group shown at first: G = 3, one correct and two wrong completions. G = 3 so that the projection is
+#: drawn (weight space is G-dimensional: the picture exists for G = 2 or 3); one correct answer against
+#: two wrong ones so that the |Â_i| differ (+1.15, −0.58, −0.58), without which Orth-Proj shifts every
+#: w_i·Â_i by the same constant and leaves Asym unchanged (as for any G = 2 group, or two reward values in
+#: equal numbers). At ε = 0.2 the clip binds on completions 1 and 3 (s̄ = 1.2, 1.05, 0.8), not on 2.
+DEFAULT_GROUP = pd.DataFrame({"reward": [1.0, 0.0, 0.0], "s": [1.3, 1.05, 0.7]})
 
 TRANSFORM_EQS = {
     "min_replace": r"\text{Min-Replace (50):}\quad \tilde s_i = \bar s_{\min} = \min_j \bar s_j",
@@ -262,9 +266,10 @@ for col, (name, v) in zip(cols[1:], res["asym_after"].items(), strict=True):
     )
 
 st.caption(
-    "Orth-Proj changes w_i Â_i by −c·Â_i² (c = Âᵀs̄/‖Â‖², eq. 18); when every |Â_i| is the same (two reward "
-    "values in equal numbers, as in the default group) that is one constant for the whole group, so Asym "
-    "does not move."
+    "Orth-Proj changes w_i Â_i by −c·Â_i² (c = Âᵀs̄/‖Â‖², eq. 18); when every |Â_i| is the same (any G = 2 "
+    "group, or two reward values in equal numbers such as rewards 1, 0, 1, 0) that is one constant for the "
+    "whole group, so Asym does not move. The default group (one correct answer, two wrong) has unequal |Â_i|, "
+    "so it does."
 )
 
 st.subheader("The projection in weight space")

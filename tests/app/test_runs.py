@@ -1,6 +1,8 @@
 """Runs page: real ``scaledrun.train`` runs on the tiny model as fixtures; the displayed final reward and
 table values equal the ones in each run's metrics.jsonl; a missing folder, an empty folder and a
-malformed metrics file show messages, not tracebacks.
+malformed metrics file show messages, not tracebacks. Steps to threshold reads full windows only and its
+default threshold is relative to the runs (checked on synthetic metrics whose answer is known by hand); a
+single run folder entered as the folder is picked, also after switching from its parent.
 """
 
 from __future__ import annotations
@@ -188,3 +190,90 @@ def test_nan_values_read_as_gaps(runs_dir, tmp_path):
     (metric,) = at.metric
     assert metric.value == f"{expected:.4f}"
     assert not math.isnan(float(metric.value))
+
+
+def _synthetic_run(folder: Path, config_from: Path, rewards: list[float]) -> Path:
+    """A run folder with a real run's config.yaml and a metrics.jsonl of steps 1.. with these rewards."""
+    folder.mkdir(parents=True)
+    shutil.copy(config_from / "config.yaml", folder / "config.yaml")
+    rows = [{"step": i + 1, "reward/mean": r} for i, r in enumerate(rewards)]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder
+
+
+#: a run that starts high by chance, drops, then learns; with a window of 4 its full-window trailing
+#: means (steps 4..10) are, by hand: 0.3, 0.125, 0.2, 0.325, 0.5, 0.65, 0.75
+FAST = [0.9, 0.1, 0.1, 0.1, 0.2, 0.4, 0.6, 0.8, 0.8, 0.8]
+#: a run that never moves: every full-window mean is 0.2
+FLAT = [0.2] * 10
+
+
+def test_steps_to_threshold_reads_full_windows_and_the_default_is_relative(runs_dir, tmp_path):
+    """The first step alone (a partial window) no longer reaches the threshold: the old page said 1 here.
+    Auto threshold by hand: halfway from the highest start (0.3) to the best level (0.75) = 0.525, first
+    reached at step 9 (0.65); the flat run never reaches it."""
+    _synthetic_run(tmp_path / "fast", runs_dir / "grpo_run", FAST)
+    _synthetic_run(tmp_path / "flat", runs_dir / "grpo_run", FLAT)
+    at = _page(tmp_path, window=4)
+    assert at.sidebar.number_input(key="threshold").value is None  # auto
+    table = at.dataframe[0].value
+    assert table.loc["fast · grpo", "steps to threshold"] == 9
+    assert math.isnan(table.loc["flat · grpo", "steps to threshold"])
+    assert table.loc["fast · grpo", "mean reward, last 4"] == pytest.approx(0.75)
+    assert table.loc["flat · grpo", "mean reward, last 4"] == pytest.approx(0.2)
+    captions = " ".join(c.value for c in at.caption)
+    assert "auto = 0.525" in captions
+    # a fixed threshold the first step alone exceeds (the old default 0.35): reached at step 8 (0.5), not 1
+    at.sidebar.number_input(key="threshold").set_value(0.35).run()
+    assert not at.exception
+    table = at.dataframe[0].value
+    assert table.loc["fast · grpo", "steps to threshold"] == 8
+    assert math.isnan(table.loc["flat · grpo", "steps to threshold"])
+    assert "0.35, as entered" in " ".join(c.value for c in at.caption)
+    # window 1: every row is a full window, so the first step (0.9) reaches 0.35
+    at.sidebar.slider(key="window").set_value(1).run()
+    assert at.dataframe[0].value.loc["fast · grpo", "steps to threshold"] == 1
+
+
+def test_a_run_shorter_than_the_window_has_no_steps_to_threshold(runs_dir):
+    """The fixture runs have 3 steps: with the default window (10) no window is full, so nothing is reached
+    and no automatic threshold exists; the caption says to lower the window."""
+    at = _page(runs_dir)
+    table = at.dataframe[0].value
+    assert table["steps to threshold"].isna().all()
+    assert table["mean reward, last 10"].isna().all()
+    assert "no run has a full window of 10 steps" in " ".join(c.value for c in at.caption)
+
+
+def test_a_single_run_folder_is_picked(runs_dir):
+    """The help text allows a run folder itself: it is offered under its own name and picked."""
+    at = _page(runs_dir / "grpo_run")
+    assert at.sidebar.multiselect(key="runs").options == ["grpo_run"]
+    assert at.sidebar.multiselect(key="runs").value == ["grpo_run"]
+    final = read_metrics(runs_dir / "grpo_run")[-1]["reward/mean"]
+    assert _metric(at, "final reward/mean · grpo_run · grpo") == f"{final:.4f}"
+    assert list(at.dataframe[0].value.index) == ["grpo_run · grpo"]
+    assert not at.info and not at.warning and not at.error
+
+
+def test_switching_folders_picks_the_new_folders_runs(runs_dir, tmp_path):
+    """Going from the folder of runs to one run folder (the reported case: nothing was selected) and back;
+    in the same folder a new run leaves the picks as they were."""
+    at = _page(runs_dir)
+    at.sidebar.text_input(key="runs_dir").set_value(str(runs_dir / "dfpo_run")).run()
+    assert not at.exception
+    assert at.sidebar.multiselect(key="runs").value == ["dfpo_run"]
+    assert [m.label for m in at.metric] == ["final reward/mean · dfpo_run · dfpo orth_proj"]
+    at.sidebar.text_input(key="runs_dir").set_value(str(runs_dir)).run()
+    assert sorted(at.sidebar.multiselect(key="runs").value) == sorted(RUNS)
+    # the same folder, a run added: the user's picks stay
+    root = tmp_path / "runs"
+    for name in RUNS:
+        shutil.copytree(runs_dir / name, root / name)
+    at = _page(root)
+    at.sidebar.multiselect(key="runs").set_value(["dfpo_run"]).run()
+    shutil.copytree(runs_dir / "grpo_run", root / "another_run")
+    at.run()
+    assert not at.exception
+    assert at.sidebar.multiselect(key="runs").options == ["another_run", "dfpo_run", "grpo_run"]
+    assert at.sidebar.multiselect(key="runs").value == ["dfpo_run"]

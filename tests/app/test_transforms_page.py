@@ -18,8 +18,8 @@ from cancellation import TRANSFORMS, compute_loss, group_advantages
 from cancellation.objectives import sign_aware_clip
 
 PAGE = Path(__file__).resolve().parents[2] / "app/views/transforms.py"
-DEFAULT_R = [1.0, 0.0, 1.0, 0.0]
-DEFAULT_S = [1.3, 0.9, 1.05, 0.7]
+DEFAULT_R = [1.0, 0.0, 0.0]
+DEFAULT_S = [1.3, 1.05, 0.7]
 
 
 def _run(at: AppTest | None = None) -> AppTest:
@@ -102,7 +102,34 @@ def test_defaults_load_and_match_the_library():
     # the transforms that enforce the constraint reach Σ Â s̃ = 0, GSPO's s̄ does not (hand check)
     assert abs(exp["sum_bar"]) > 0.1
     assert all(abs(v) < 1e-9 for v in exp["sums"].values())
-    assert not at.error and not at.warning
+    assert not at.error and not at.warning and not at.info
+
+
+def test_defaults_show_the_projection_and_orth_proj_moving_asym():
+    """The first screen shows what the page is about: the projection is drawn (G = 3) and Orth-Proj's
+    Asym differs from GSPO's, read from the page's own metrics (it would not move with equal |Â_i|)."""
+    at = _run()
+    assert len(_results(at)) == 3
+    assert {"mesh3d", "scatter3d"} <= _chart_types(at)
+    before = _metric(at, "Asym before: s̄ (GSPO)")
+    after = _metric(at, "Asym after — orth_proj")
+    assert abs(after - before) > 0.05, (before, after)
+    (m,) = [m for m in at.metric if m.label == "Asym after — orth_proj"]
+    assert float(m.delta) == pytest.approx(after - before, abs=2e-6)
+    # the reason, from the page's own Â column: the |Â_i| differ
+    adv = _results(at)["Â"].tolist()
+    assert max(map(abs, adv)) - min(map(abs, adv)) > 0.5
+    # and the clip binds on some completions but not all (both cases are on the first screen)
+    assert sorted(_results(at)["clip binds"].tolist()) == ["no", "yes", "yes"]
+
+
+def test_orth_proj_asym_does_not_move_with_equal_advantage_magnitudes():
+    """The caption's claim: with every |Â_i| equal (here rewards 1, 0, 1, 0), Orth-Proj leaves Asym as is."""
+    at = _run()
+    _edit(at, added=[{"reward": 1.0, "s": 0.9}])
+    assert _metric(at, "Asym after — orth_proj") == pytest.approx(
+        _metric(at, "Asym before: s̄ (GSPO)"), abs=1e-6
+    )
     assert "needs G ≤ 3" in at.info[0].value  # G = 4: no picture
 
 
@@ -111,7 +138,7 @@ def test_asym_equals_the_dfpo_and_gspo_metrics():
     at = _run()
     r = torch.tensor(DEFAULT_R, dtype=torch.float64)
     s = torch.tensor(DEFAULT_S, dtype=torch.float64)
-    g = torch.zeros(4, dtype=torch.long)
+    g = torch.zeros(len(DEFAULT_R), dtype=torch.long)
     adv = group_advantages(r, g)
     logp = s.log()[:, None]
     zeros, ones = torch.zeros_like(logp), torch.ones_like(logp)
@@ -172,8 +199,8 @@ def test_changing_clip_range_and_floor():
     _run(at)
     exp = _expected(DEFAULT_R, DEFAULT_S, eps_low=0.05, eps_high=0.5, floor=1.1)
     _assert_page_matches(at, exp)
-    # hand check: s̄ = (1.3, 0.95, 1.05, 0.95), so the floor 1.1 lifts three weights and changes the result
-    assert exp["s_bar"] == pytest.approx([1.3, 0.95, 1.05, 0.95])
+    # hand check: s̄ = (1.3, 1.05, 0.95), so the floor 1.1 lifts two weights and changes the result
+    assert exp["s_bar"] == pytest.approx([1.3, 1.05, 0.95])
     default_floor = _expected(DEFAULT_R, DEFAULT_S, eps_low=0.05, eps_high=0.5)["tilde"]["truncate_rebalance"]
     assert exp["tilde"]["truncate_rebalance"] != pytest.approx(default_floor)
 
@@ -204,7 +231,7 @@ def _edit(at: AppTest, edited=None, added=None, deleted=None) -> AppTest:
 def test_editing_cells_adding_and_deleting_rows():
     at = _run()
     _edit(at, edited={0: {"reward": 0.5}, 2: {"s": 2.0}}, added=[{"reward": 0.25, "s": 1.1}], deleted=[1])
-    rewards, s = [0.5, 1.0, 0.0, 0.25], [1.3, 2.0, 0.7, 1.1]
+    rewards, s = [0.5, 0.0, 0.25], [1.3, 2.0, 1.1]
     table = _results(at)
     assert table["R"].tolist() == rewards and table["s"].tolist() == s
     _assert_page_matches(at, _expected(rewards, s))
@@ -215,20 +242,23 @@ def _chart_types(at: AppTest) -> set[str]:
     return {t.get("type", "scatter") for t in json.loads(chart.proto.spec)["data"]}
 
 
-def test_picture_for_g2_and_g3():
+def test_picture_for_g2_and_g3_only():
     at = _run()
-    _edit(at, deleted=[2, 3])  # G = 2
+    _edit(at, deleted=[2])  # G = 2
     _assert_page_matches(at, _expected(DEFAULT_R[:2], DEFAULT_S[:2]))
     assert _chart_types(at) == {"scatter"}
-    at = _run()
-    _edit(at, deleted=[3])  # G = 3
-    _assert_page_matches(at, _expected(DEFAULT_R[:3], DEFAULT_S[:3]))
+    at = _run()  # G = 3: the default
+    _assert_page_matches(at, _expected(DEFAULT_R, DEFAULT_S))
     assert {"mesh3d", "scatter3d"} <= _chart_types(at)
+    _edit(at, added=[{"reward": 1.0, "s": 0.9}])  # G = 4: no picture, and the page says why
+    _assert_page_matches(at, _expected([*DEFAULT_R, 1.0], [*DEFAULT_S, 0.9]))
+    assert not at.get("plotly_chart")
+    assert "needs G ≤ 3" in at.info[0].value and "G = 4" in at.info[0].value
 
 
 def test_all_equal_rewards_warns_and_everything_is_zero():
     at = _run()
-    _edit(at, edited={1: {"reward": 1.0}, 3: {"reward": 1.0}})
+    _edit(at, edited={0: {"reward": 0.0}})
     assert "every transform leaves the loss term Σ Â s̃ at 0" in at.warning[0].value.replace("Every", "every")
     assert "nothing is projected" in at.warning[0].value
     for k in TRANSFORMS:
@@ -243,9 +273,9 @@ def test_all_equal_rewards_warns_and_everything_is_zero():
         ({"edited_rows": {1: {"s": 0.0}}}, "must be > 0"),
         ({"edited_rows": {2: {"s": -0.5}}}, "must be > 0"),
         ({"edited_rows": {0: {"s": None}}}, "empty or non-numeric sequence weight"),
-        ({"edited_rows": {3: {"reward": None}}}, "empty or non-numeric reward"),
-        ({"deleted_rows": [1, 2, 3]}, "group of one completion"),
-        ({"deleted_rows": [0, 1, 2, 3]}, "The group is empty"),
+        ({"edited_rows": {2: {"reward": None}}}, "empty or non-numeric reward"),
+        ({"deleted_rows": [1, 2]}, "group of one completion"),
+        ({"deleted_rows": [0, 1, 2]}, "The group is empty"),
     ],
 )
 def test_bad_groups_show_an_error(edit, message):
