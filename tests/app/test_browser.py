@@ -48,8 +48,8 @@ CHROMIUM_ARGS = [
 FIGURE, METRIC, TITLE = ".js-plotly-plot", '[data-testid="stMetricValue"]', "h1"
 #: (page file stem, url path, what shows that the page has drawn, the sidebar input to move: (widget key,
 #: kind) or None). st.navigation derives the url path from the file name; the default page is "/".
-#: Drawn: the plotly figure; the transforms page draws its figure only for G = 2 or 3 (its default group
-#: has G = 4), so there its st.metric values; About has neither: its title.
+#: Drawn: the plotly figure (the transforms page draws its projection for G = 2 or 3; its default group
+#: has G = 3), there its st.metric values are waited for; About has neither: its title.
 #: The input moves one step by keyboard: a slider with ArrowRight; the transforms page has no slider (its
 #: inputs are a data editor, a selectbox and number inputs), so there ε_high's number input takes ArrowUp
 #: (0.20 → 0.21, which moves the clipped weight s̄ = min(1.3, 1 + ε_high) of its default group).
