@@ -1,0 +1,182 @@
+"""The batched toy: every seed equals the one-seed simulator, common random numbers, clear refusals.
+
+The reference is ``toymodel.simulate`` itself, run seed by seed (its own loop, its own
+``torch.multinomial`` sampling, its own ``CancellationMeter``); the sampling claim the batched toy rests
+on (multinomial with replacement = the inverse CDF of the generator's float64 uniforms) is checked
+draw for draw against ``torch.multinomial``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from toymodel import ROW_KEYS, simulate
+from toymodel.batched import BATCHED_KEYS, seed_rows, simulate_seeds
+from toymodel.scenarios import get_scenario
+
+SEEDS = [0, 1, 2]
+STEPS = 30
+
+
+def _max_diff(batched: dict[str, torch.Tensor], scenario: str, objective: str, **kw) -> float:
+    """Largest |batched − simulate| over BATCHED_KEYS, seeds and steps (inf on a NaN mismatch)."""
+    worst = 0.0
+    for i, seed in enumerate(SEEDS):
+        ref = simulate(scenario, objective, steps=STEPS, seed=seed, **kw)
+        got = seed_rows(batched, i)
+        for a, b in zip(ref, got, strict=True):
+            for k in BATCHED_KEYS:
+                x, y = a[k], b[k]
+                if math.isnan(x) or math.isnan(y):
+                    worst = worst if (math.isnan(x) and math.isnan(y)) else math.inf
+                else:
+                    worst = max(worst, abs(x - y))
+    return worst
+
+
+CASES = [
+    ("grpo", {}),
+    ("grpo_symclip", {}),
+    ("gspo", {}),
+    ("gspo", {"estimator": "paper"}),
+    ("dfpo", {}),  # Min-Replace, the paper's estimator, GSPO's ε (the defaults)
+    ("dfpo", {"transform": "orth_proj"}),
+    ("dfpo", {"transform": "orth_proj_pos"}),
+    ("dfpo", {"transform": "truncate_rebalance"}),
+    ("dfpo", {"estimator": "ppo_clip"}),
+    # Table 3's ablation: Σ_i Â_i·T(s̄)_i = 0 identically, so the policy never moves (checked below)
+    ("dfpo", {"stop_grad": False, "transform": "orth_proj"}),
+]
+
+
+@pytest.mark.parametrize("scenario", ["template_task", "equivalent_solutions"])
+@pytest.mark.parametrize(("objective", "params"), CASES)
+def test_every_seed_equals_the_one_seed_simulator(scenario: str, objective: str, params: dict) -> None:
+    res = simulate_seeds(scenario, objective, SEEDS, steps=STEPS, **params)
+    assert _max_diff(res, scenario, objective, **params) < 1e-6
+    unchanged = bool(torch.isclose(res["expected_reward"][:, -1], res["expected_reward"][:, 0]).all())
+    if params.get("stop_grad", True):  # the run is not trivial: the policy moved, residuals were measured
+        assert not unchanged
+        assert bool((~res["shared_residual"].isnan()).any())
+    else:  # differentiated through the transform, DFPO's constraint makes the objective identically 0
+        assert unchanged
+
+
+@pytest.mark.parametrize(
+    ("scenario", "objective", "kw"),
+    [
+        # per-seed token counts differ (lengths 5 and 6): token-mean's normaliser must be per seed
+        ("equivalent_solutions", "gspo", {"aggregation": "token-mean", "lr": 2.0}),
+        ("equivalent_solutions", "grpo", {"aggregation": "seq-mean-token-sum-norm", "num_groups": 2}),
+        ("template_task", "grpo", {"adv_scale": "batch", "num_groups": 2}),
+        ("template_task", "dfpo", {"adv_scale": "none", "group_size": 4, "inner_epochs": 2}),
+        # query-preserved mini-batches: the randperm draws interleave with the sampling
+        ("template_task", "grpo", {"num_groups": 3, "num_minibatches": 2}),
+        ("equivalent_solutions", "dfpo", {"num_groups": 4, "num_minibatches": 2, "inner_epochs": 2}),
+        ("equivalent_solutions", "gspo", {"num_groups": 4, "num_minibatches": 4, "group_size": 3}),
+    ],
+)
+def test_options_equal_the_one_seed_simulator(scenario: str, objective: str, kw: dict) -> None:
+    res = simulate_seeds(scenario, objective, SEEDS, steps=STEPS, **kw)
+    assert _max_diff(res, scenario, objective, **kw) < 1e-6
+
+
+def test_init_logits_equal_the_one_seed_simulator() -> None:
+    """A custom start (also the reference of template_kl)."""
+    sc = get_scenario("template_task")
+    gen = torch.Generator().manual_seed(0)
+    init = sc.initial_logits() + torch.randn(sc.policy().C, sc.policy().K, dtype=torch.float64, generator=gen)
+    res = simulate_seeds("template_task", "dfpo", SEEDS, steps=STEPS, init_logits=init)
+    assert _max_diff(res, "template_task", "dfpo", init_logits=init) < 1e-6
+    assert bool((res["template_kl"][:, -1] > 0).all())
+
+
+def test_multinomial_is_the_inverse_cdf_of_the_generators_uniforms() -> None:
+    """What the batched sampling rests on, checked draw for draw (also across consecutive calls)."""
+    for trial in range(200):
+        gen = torch.Generator().manual_seed(1000 + trial)
+        n = int(torch.randint(2, 300, (1,), generator=gen))
+        p = torch.rand(n, dtype=torch.float64, generator=gen) ** 3
+        p[torch.rand(n, generator=gen) < 0.2] = 0.0
+        p[0] += 1e-3
+        a = torch.Generator().manual_seed(trial)
+        b = torch.Generator().manual_seed(trial)
+        drawn = torch.cat([torch.multinomial(p, 8, replacement=True, generator=a) for _ in range(3)])
+        u = torch.rand(24, dtype=torch.float64, generator=b)
+        cdf = torch.cumsum(p, 0)
+        # the first index whose normalised cumulative probability reaches u
+        by_hand = torch.tensor([int((cdf / cdf[-1] < x).sum()) for x in u])
+        assert torch.equal(drawn, by_hand)
+
+
+def test_common_random_numbers_across_objectives() -> None:
+    """Same seed, same uniforms: step 1's samples are identical whatever the objective (and equal to
+    the inverse CDF of the seed's own uniforms at the initial policy)."""
+    kw = dict(steps=3, group_size=8, return_samples=True)
+    seeds = [4, 7, 11]
+    a = simulate_seeds("template_task", "grpo", seeds, **kw)
+    b = simulate_seeds("template_task", "dfpo", seeds, transform="orth_proj", **kw)
+    assert torch.equal(a["samples"][:, 0], b["samples"][:, 0])
+    sc = get_scenario("template_task")
+    probs = sc.policy().probs(sc.initial_logits())
+    for i, seed in enumerate(seeds):
+        gen = torch.Generator().manual_seed(seed)
+        expected = torch.multinomial(probs, 8, replacement=True, generator=gen)
+        assert torch.equal(a["samples"][i, 0], expected)
+    # later steps differ only because the policies do (the uniforms are still shared)
+    assert a["samples"].shape == (3, 3, 8)
+
+
+def test_a_seed_does_not_depend_on_its_batch_companions() -> None:
+    alone = simulate_seeds("equivalent_solutions", "dfpo", [5], steps=20)
+    together = simulate_seeds("equivalent_solutions", "dfpo", [3, 5, 9, 12], steps=20)
+    for k in BATCHED_KEYS:
+        torch.testing.assert_close(alone[k][0], together[k][1], rtol=0, atol=1e-12, equal_nan=True)
+    assert torch.equal(together["seed"], torch.tensor([3, 5, 9, 12]))
+    assert torch.equal(simulate_seeds("clip_asymmetry", "grpo", 2, steps=2)["seed"], torch.tensor([0, 1]))
+
+
+def test_seed_rows_have_simulates_keys() -> None:
+    res = simulate_seeds("template_task", "gspo", 2, steps=4, residuals=False)
+    rows = seed_rows(res, 1)
+    assert len(rows) == 4
+    assert all(tuple(r) == ROW_KEYS for r in rows)
+    assert [r["step"] for r in rows] == [1.0, 2.0, 3.0, 4.0]
+    assert all(isinstance(v, float) for r in rows for v in r.values())
+    assert all(math.isnan(r["asym"]) and math.isnan(r["shared_residual"]) for r in rows)
+    ref = simulate("template_task", "gspo", steps=4, seed=1)
+    assert [r["expected_reward"] for r in rows] == pytest.approx(
+        [r["expected_reward"] for r in ref], abs=1e-9
+    )
+
+
+@pytest.mark.parametrize(
+    ("kw", "named"),
+    [
+        ({"optimizer": "adam"}, "optimizer='adam'"),
+        ({"batching": "random", "num_groups": 2, "num_minibatches": 2}, "batching='random'"),
+        ({"reward_balanced_rho": 0.25}, "reward_balanced_rho"),
+        ({"lopti_eta": 0.4}, "lopti_eta"),
+        ({"ar_alpha": 0.3}, "ar_alpha"),
+        ({"beta": 0.1}, "beta"),
+        ({"token_count": 10.0}, "token_count"),
+    ],
+)
+def test_unsupported_options_point_to_simulate(kw: dict, named: str) -> None:
+    with pytest.raises(ValueError, match="simulate") as info:
+        simulate_seeds("equivalent_solutions", "grpo", 2, steps=1, **kw)
+    assert named in str(info.value)
+
+
+def test_bad_arguments_raise() -> None:
+    with pytest.raises(ValueError, match="unknown objective"):
+        simulate_seeds("equivalent_solutions", "ppo", 2, steps=1)
+    with pytest.raises(ValueError, match="seeds"):
+        simulate_seeds("equivalent_solutions", "grpo", [], steps=1)
+    with pytest.raises(ValueError, match="num_minibatches"):
+        simulate_seeds("equivalent_solutions", "grpo", 2, steps=1, num_groups=2, num_minibatches=3)
+    with pytest.raises(ValueError, match="adv_scale"):
+        simulate_seeds("equivalent_solutions", "grpo", 2, steps=1, adv_scale="std")

@@ -1,0 +1,460 @@
+"""Many seeds of the tabular simulator as one batched computation (issue 11, item 1).
+
+``simulate_seeds`` runs S seeds of ``toymodel.simulate.simulate`` at once: every seed has its own (C, K)
+logits (together a (S, C, K) tensor), its own samples and its own statistics, and one set of tensor ops
+serves all seeds (no Python loop over seeds inside a step). Per seed it reproduces ``simulate`` to
+rounding (tested to 1e-6 on ``template_task`` and ``equivalent_solutions``):
+
+- the same random stream: seed s draws from ``torch.Generator().manual_seed(s)`` exactly what
+  ``simulate`` draws. ``torch.multinomial(p, n, replacement=True)`` on CPU consumes n float64 uniforms
+  and returns the inverse-CDF index ``searchsorted(cumsum(p) / Σp, u)`` (checked draw for draw in the
+  tests), so the batched toy draws the same uniforms (``torch.rand(..., dtype=float64)``) and inverts
+  the CDF itself. With one mini-batch nothing else touches the generator, so each seed's uniforms for
+  the whole run are drawn at once (S generator calls per run); with ``num_minibatches`` > 1 the
+  query-preserved split's ``torch.randperm`` draws interleave, and each seed's draws are then made per
+  step in ``simulate``'s order (a small loop over the seeds per step: correct, but slower);
+- common random numbers across arms: the uniforms depend on the seed only, never on the objective, so
+  two arms with the same seed differ only through their policies;
+- the objective: S seeds × ``num_groups`` groups are one flat batch for ``cancellation.update.coefficients``
+  (the objectives already take a flat batch with group ids), with a unique group id per (seed, group)
+  and seed-major rows. The aggregation's normaliser is made per seed: the ``seq-mean-*`` aggregations
+  get ``seq_count`` = the rows of one seed's mini-batch (the same for every seed); ``token-mean`` gets
+  ``token_count=1`` (a plain sum) and each seed's coefficients are then divided by that seed's own token
+  count. The seeds share no parameters, so the gradient of Σ_seeds loss_seed with respect to one seed's
+  logits is that seed's own gradient;
+- the backward to the logits is ``TabularPolicy.logits_grad``'s closed form, batched over seeds, and the
+  optimiser is plain SGD (``p ← p − lr·g``, ``torch.optim.SGD``'s arithmetic);
+- exact statistics by enumeration as ``TabularPolicy.stats``, with the trajectory log-probabilities as
+  one matrix product (S, C·K) @ (C·K, N) instead of a gather.
+
+Exact shortcut (as ``simulate``'s): a seed whose advantages are all 0 this step has an exactly zero
+gradient under plain SGD without a KL term, so only the seeds with a learning signal enter the flat
+batch (its residuals are NaN, as in ``simulate``).
+
+Returned keys (``BATCHED_KEYS``): ``step``, ``updated`` (always 1), ``buffer_groups`` (always 0),
+``sampled_reward``, ``expected_reward``, ``entropy``, ``equiv_entropy``, ``equiv_log_odds``,
+``template_kl``, the three residuals (``shared_residual``, ``group_shared_residual``,
+``sequence_net_residual``; ``residuals=False`` skips them for speed, they are NaN then) and
+``zero_adv_group_frac`` (of the last mini-batch). The objective's other metrics (``loss``, ``asym``,
+``clip/*``, ``ratio/*``, ...) are not computed: ``seed_rows`` fills them with NaN; use ``simulate`` when
+you need them.
+
+Not supported (each raises a ValueError that points to ``simulate``): Adam, random mini-batches,
+reward-balanced batching, Lopti, Advantage Reweighting, a KL term (``beta``), and the trainer's
+``token_count``/``seq_count``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from cancellation import OBJECTIVES, group_advantages
+from cancellation.update import NOISE, RESIDUAL_KEYS, coefficients
+
+from .policy import TabularPolicy
+from .scenarios import Scenario, get_scenario
+from .simulate import DEFAULT_LR, ROW_KEYS, _check_int
+
+#: The keys ``simulate_seeds`` computes (each a (S, steps) float64 tensor in its result).
+BATCHED_KEYS: tuple[str, ...] = (
+    "step",
+    "updated",
+    "buffer_groups",
+    "sampled_reward",
+    "expected_reward",
+    "entropy",
+    "equiv_entropy",
+    "equiv_log_odds",
+    "template_kl",
+    *RESIDUAL_KEYS,
+    "zero_adv_group_frac",
+)
+
+
+def _unsupported(name: str, why: str) -> ValueError:
+    return ValueError(
+        f"simulate_seeds does not support {name} ({why}); run those seeds with toymodel.simulate.simulate"
+    )
+
+
+def _default_aggregation(objective: str) -> str:
+    return str(inspect.signature(OBJECTIVES[objective]).parameters["aggregation"].default)
+
+
+class _Exact:
+    """Exact enumeration statistics of S policies at once (``TabularPolicy.stats``, batched).
+
+    Built once per run: the (N, C·K) count of every (context, action) in every trajectory and the
+    (N, C) context-visit incidence, so trajectory log-probs and visit probabilities are matrix products.
+    """
+
+    def __init__(self, policy: TabularPolicy, ref_logits: Tensor, template_ids: Tensor) -> None:
+        n, c, k = policy.N, policy.C, policy.K
+        flat = policy.ctx * k + policy.act
+        inc = torch.zeros((n, c * k), dtype=policy.dtype)
+        rows = torch.arange(n)[:, None].expand_as(flat)
+        inc.index_put_(
+            (rows[policy.valid_steps], flat[policy.valid_steps]),
+            policy.mask[policy.valid_steps],
+            accumulate=True,
+        )
+        self.inc_t = inc.T.contiguous()  # (C·K, N)
+        visit = torch.zeros((n, c), dtype=policy.dtype)
+        visit[policy._flat_traj, policy._flat_ctx] = 1.0  # a trajectory visits a context at most once
+        self.visit = visit
+        self.valid = policy.valid
+        self.rewards = policy.rewards
+        self.equivalent = policy.equivalent
+        self.template_ids = template_ids
+        self.ref_lsm = torch.log_softmax(ref_logits, -1)
+
+    def traj_logp(self, lsm: Tensor) -> Tensor:
+        """(S, N) log π(τ) from (S, C, K) log-softmax tables (−inf slots read as 0: they are never used)."""
+        z = torch.where(self.valid, lsm, torch.zeros_like(lsm)).flatten(1)
+        return z @ self.inc_t
+
+    def stats(self, lsm: Tensor, lp: Tensor, p: Tensor) -> dict[str, Tensor]:
+        """(S,) ``expected_reward``, ``entropy``, ``equiv_entropy``, ``equiv_log_odds``, ``template_kl``.
+
+        ``lsm`` (S, C, K) log-softmax tables, ``lp`` (S, N) their trajectory log-probs, ``p`` = exp(lp).
+        """
+        out = {"expected_reward": p @ self.rewards, "entropy": -torch.linalg.vecdot(p, lp)}
+        s = lp.shape[0]
+        if self.equivalent.numel() >= 2:
+            le = lp[:, self.equivalent]
+            lq = le - torch.logsumexp(le, -1, keepdim=True)
+            out["equiv_entropy"] = -(lq.exp() * lq).sum(-1)
+            out["equiv_log_odds"] = le[:, 0] - le[:, 1]
+        else:
+            out["equiv_entropy"] = out["equiv_log_odds"] = torch.full((s,), math.nan, dtype=lp.dtype)
+        if self.template_ids.numel():
+            ids = self.template_ids
+            d = p @ self.visit[:, ids]  # (S, n_template) d_θ(h)
+            l_t = lsm[:, ids]
+            pt = l_t.exp()
+            ckl = torch.where(self.valid[ids], pt * (l_t - self.ref_lsm[ids]), torch.zeros_like(pt)).sum(-1)
+            out["template_kl"] = (d * ckl).sum(-1)
+        else:
+            out["template_kl"] = torch.zeros(s, dtype=lp.dtype)
+        return out
+
+
+def _cdf(p: Tensor) -> Tensor:
+    """(S, N) the normalised CDF ``torch.multinomial`` inverts: cumsum(p) / Σp (the last entry exactly 1)."""
+    c = torch.cumsum(p, -1)
+    return c / c[:, -1:]
+
+
+def simulate_seeds(
+    scenario: Scenario | str,
+    objective: str,
+    seeds: Sequence[int] | int,
+    steps: int = 200,
+    group_size: int = 8,
+    lr: float | None = None,
+    inner_epochs: int = 4,
+    *,
+    num_groups: int = 1,
+    num_minibatches: int = 1,
+    batching: str = "query",
+    adv_scale: str = "group",
+    aggregation: str | None = None,
+    init_logits: Tensor | None = None,
+    optimizer: str = "sgd",
+    reward_balanced_rho: float | None = None,
+    lopti_eta: float | None = None,
+    ar_alpha: float | None = None,
+    residuals: bool = True,
+    return_samples: bool = False,
+    **objective_params: Any,
+) -> dict[str, Tensor]:
+    """Train one tabular policy per seed with ``objective``, all seeds as one batched computation.
+
+    Per seed the rows equal ``simulate(scenario, objective, steps, group_size, lr, "sgd", inner_epochs,
+    seed, num_groups=..., num_minibatches=..., ...)`` to rounding (see the module docstring).
+
+    Args:
+        scenario: a ``Scenario`` or its name.
+        objective: ``grpo``, ``grpo_symclip``, ``gspo`` or ``dfpo`` (any registered objective).
+        seeds: the seeds (ints), or a count S meaning ``range(S)``.
+        steps, group_size, lr, inner_epochs, num_groups, num_minibatches, adv_scale, aggregation,
+            init_logits: as in ``simulate`` (``lr`` defaults to ``DEFAULT_LR["sgd"]``).
+        batching: only ``"query"`` (query-preserved mini-batches).
+        optimizer: only ``"sgd"``.
+        reward_balanced_rho, lopti_eta, ar_alpha: must be None (not supported; use ``simulate``).
+        residuals: compute the three residuals (the cancellation meter); False skips them (NaN).
+        return_samples: also return ``"samples"``, the (S, steps, B) long trajectory indices drawn at every
+            step (row-aligned with ``simulate``'s batch: group g holds columns g·G ... g·G + G − 1).
+        **objective_params: passed to the objective (``transform``, ``estimator``, ``epsilon_low``, ...).
+    Returns:
+        a dict: ``"seed"`` → (S,) long tensor of the seeds, and each key of ``BATCHED_KEYS`` → a (S, steps)
+        float64 tensor (row s is seed ``seeds[s]``), and ``"samples"`` with ``return_samples``.
+        ``seed_rows`` turns one seed into ``simulate``'s rows.
+    """
+    if optimizer != "sgd":
+        raise _unsupported(f"optimizer={optimizer!r}", "only plain SGD is batched")
+    if batching != "query":
+        raise _unsupported(f"batching={batching!r}", "only query-preserved mini-batches are batched")
+    for name, value in (
+        ("reward_balanced_rho", reward_balanced_rho),
+        ("lopti_eta", lopti_eta),
+        ("ar_alpha", ar_alpha),
+    ):
+        if value is not None:
+            raise _unsupported(
+                f"`{name}`", "reward-balanced batching, Lopti and Advantage Reweighting are not batched"
+            )
+    for name in ("token_count", "seq_count"):
+        if name in objective_params:
+            raise _unsupported(
+                f"`{name}`", "the batched toy sets the aggregation's normaliser per seed itself"
+            )
+    if float(objective_params.get("beta", 0.0)) != 0.0 or "ref_logp" in objective_params:
+        raise _unsupported("a KL term (`beta`, `ref_logp`)", "the batched toy has no reference log-probs")
+    if objective not in OBJECTIVES:
+        raise ValueError(f"unknown objective {objective!r}; valid: {', '.join(OBJECTIVES)}")
+    if adv_scale not in ("group", "batch", "none"):
+        raise ValueError(f"unknown adv_scale {adv_scale!r}; valid: group, batch, none")
+    seed_list = (
+        list(range(_check_int("seeds", seeds, 1))) if isinstance(seeds, int) else [int(s) for s in seeds]
+    )
+    if not seed_list:
+        raise ValueError("`seeds` is empty: give at least one seed")
+    steps = _check_int("steps", steps, 0)
+    group_size = _check_int("group_size", group_size, 1)
+    inner_epochs = _check_int("inner_epochs", inner_epochs, 1)
+    num_groups = _check_int("num_groups", num_groups, 1)
+    num_minibatches = _check_int("num_minibatches", num_minibatches, 1)
+    if num_minibatches > num_groups:
+        raise ValueError(
+            f"`num_minibatches`={num_minibatches} is more than the {num_groups} groups of a step "
+            f"(query-preserved mini-batches keep groups whole); use num_minibatches ≤ num_groups"
+        )
+    lr = DEFAULT_LR["sgd"] if lr is None else float(lr)
+    if not (lr > 0.0 and math.isfinite(lr)):
+        raise ValueError(f"`lr` must be a finite number > 0, got {lr}")
+    agg = aggregation if aggregation is not None else _default_aggregation(objective)
+    loss_kwargs = dict(objective_params)
+    loss_kwargs["aggregation"] = agg
+    token_mean = agg == "token-mean"
+
+    sc = get_scenario(scenario)
+    policy: TabularPolicy = sc.policy()
+    init = sc.initial_logits() if init_logits is None else init_logits.detach().clone().to(policy.dtype)
+    policy.check_logits(init)
+    n_seeds, c_n, k_n = len(seed_list), policy.C, policy.K
+    ck = c_n * k_n
+    logits = init.expand(n_seeds, c_n, k_n).contiguous()  # (S, C, K) the parameters
+    exact = _Exact(policy, init, sc.template_context_ids())
+    gens = [torch.Generator().manual_seed(s) for s in seed_list]
+    batch = num_groups * group_size
+    within = torch.arange(num_groups).repeat_interleave(group_size)  # (B,) group of each row of a seed
+    n_actions = policy.valid.sum(-1)
+    free_steps = policy.valid_steps & (n_actions[policy.ctx] > 1)  # (N, T)
+    in_loss = policy.mask.sum(-1) > 0  # (N,) rows with a token
+    # mini-batch k holds the groups at positions k, k+M, ... of a seed's shuffled group order: with
+    # equal-size groups, query_preserved_split's LPT rule deals the shuffled groups round robin
+    bin_sizes = [len(range(k, num_groups, num_minibatches)) for k in range(num_minibatches)]
+
+    uniforms = None
+    if num_minibatches == 1:  # nothing but the sampling uses the generators: draw the whole run at once
+        uniforms = torch.stack([torch.rand(steps * batch, dtype=torch.float64, generator=g) for g in gens])
+        uniforms = uniforms.view(n_seeds, steps, batch)
+
+    out = {k: torch.full((n_seeds, steps), math.nan, dtype=torch.float64) for k in BATCHED_KEYS}
+    samples = torch.zeros((n_seeds, steps, batch), dtype=torch.long) if return_samples else None
+    stat_keys = ("expected_reward", "entropy", "equiv_entropy", "equiv_log_odds", "template_kl")
+    # per-seed state: log-softmax tables, trajectory log-probs, their CDF and the exact statistics. A
+    # seed that does not move this step keeps them, so they are recomputed only for the seeds that move
+    lsm = torch.log_softmax(logits, -1)
+    lp = exact.traj_logp(lsm)
+    p_traj = lp.exp()
+    cdf = _cdf(p_traj)
+    prev = exact.stats(lsm, lp, p_traj)
+    gid = (torch.arange(n_seeds)[:, None] * num_groups + within).flatten()
+    for step in range(1, steps + 1):
+        col = step - 1
+        # 1-3: samples (inverse CDF of each seed's own uniforms under θ_old), rewards, advantages
+        perms: list[list[Tensor]] = []
+        if uniforms is not None:
+            u = uniforms[:, col].contiguous()
+        else:  # simulate's order per seed: B uniforms, then one randperm per inner epoch
+            u_list = []
+            for g in gens:
+                u_list.append(torch.rand(batch, dtype=torch.float64, generator=g))
+                perms.append([torch.randperm(num_groups, generator=g) for _ in range(inner_epochs)])
+            u = torch.stack(u_list)
+        idx = torch.searchsorted(cdf, u).clamp_(max=policy.N - 1)  # (S, B)
+        if samples is not None:
+            samples[:, col] = idx
+        rewards = policy.rewards[idx]
+        if adv_scale == "batch":
+            centred = group_advantages(rewards.flatten(), gid, scale="none").view(n_seeds, batch)
+            std = rewards.std(-1, keepdim=True) if batch > 1 else torch.zeros_like(rewards[:, :1])
+            adv = centred / (std + 1e-6)
+        else:
+            adv = group_advantages(rewards.flatten(), gid, scale=adv_scale).view(n_seeds, batch)
+        out["sampled_reward"][:, col] = rewards.mean(-1)
+
+        # zero_adv_group_frac of the last mini-batch (simulate computes it also when nothing moves)
+        zero_group = ~(adv != 0).view(n_seeds, num_groups, group_size).any(-1)  # (S, ng)
+        if num_minibatches == 1:
+            out["zero_adv_group_frac"][:, col] = zero_group.to(torch.float64).mean(-1)
+        else:
+            last_perm = torch.stack([pp[-1] for pp in perms])  # (S, ng)
+            pos = torch.empty_like(last_perm).scatter_(
+                1, last_perm, torch.arange(num_groups).expand_as(last_perm)
+            )
+            in_last = pos % num_minibatches == num_minibatches - 1
+            out["zero_adv_group_frac"][:, col] = (zero_group & in_last).sum(-1).to(torch.float64) / bin_sizes[
+                -1
+            ]
+
+        # the exact shortcut: only the seeds with a non-zero advantage move (the others keep everything)
+        active = torch.nonzero((adv != 0).any(-1)).flatten()
+        n_act = int(active.numel())
+        if n_act:
+            la = logits[active]  # (A, C, K) the moving seeds' parameters (a copy, written back below)
+            ia = idx[active]  # (A, B)
+            adv_a = adv[active]
+            ctx_b, act_b, mask_b = policy.ctx[ia], policy.act[ia], policy.mask[ia]  # (A, B, T)
+            fi = (torch.arange(n_act) * ck)[:, None, None] + ctx_b * k_n + act_b  # flat index into (A·C·K)
+            old_logp = lsm[active].flatten()[fi] * mask_b  # θ_old
+            lgroup = torch.arange(n_act)[:, None] * num_groups + within  # (A, B) local group ids
+            tot = torch.zeros((6, n_act), dtype=torch.float64)
+            if residuals:
+                n_ev = n_act * num_groups * ck
+                # dense event ids (local group, context, action); forced steps go to the spare slot n_ev
+                ev = torch.where(free_steps[ia], lgroup[:, :, None] * ck + ctx_b * k_n + act_b, n_ev)
+                count = torch.bincount(ev.flatten(), minlength=n_ev + 1)[:n_ev]
+                gsize = torch.zeros(n_act * num_groups, dtype=torch.long)
+                gsize.index_add_(0, lgroup.flatten(), in_loss[ia].flatten().long())
+                shared = count >= 2
+                whole = shared & (count == gsize.repeat_interleave(ck))  # Prop. 3.1's E_t*
+                shared_f = shared.to(torch.float64).view(n_act, -1)
+                whole_f = whole.to(torch.float64).view(n_act, -1)
+            if num_minibatches == 1:
+                schedule = [[torch.arange(batch).expand(n_act, batch)] for _ in range(inner_epochs)]
+            else:
+                schedule = []
+                for e in range(inner_epochs):
+                    perm = torch.stack([perms[int(s)][e] for s in active])  # (A, ng) shuffled groups
+                    pos = torch.empty_like(perm).scatter_(1, perm, torch.arange(num_groups).expand_as(perm))
+                    key = (pos % num_minibatches) * num_groups + torch.arange(num_groups)  # bin, then group
+                    order = torch.sort(key, -1).values % num_groups  # (A, ng): groups by bin, ascending
+                    parts, start = [], 0
+                    for size in bin_sizes:
+                        grp = order[:, start : start + size]
+                        start += size
+                        parts.append((grp[:, :, None] * group_size + torch.arange(group_size)).flatten(1))
+                    schedule.append(parts)
+            # 6: inner epochs × mini-batches, each one SGD step of every moving seed against its θ_old
+            for parts in schedule:
+                for rows in parts:  # rows: (A, r) batch rows of each moving seed, ascending
+                    r = rows.shape[1]
+                    if num_minibatches == 1:  # the whole batch: no gather
+                        fi_m, mask_m, old_m = fi.flatten(0, 1), mask_b.flatten(0, 1), old_logp.flatten(0, 1)
+                        adv_m, grp_m = adv_a.flatten(), lgroup.flatten()
+                    else:
+                        fi_m = torch.take_along_dim(fi, rows[:, :, None], 1).flatten(0, 1)
+                        mask_m = torch.take_along_dim(mask_b, rows[:, :, None], 1).flatten(0, 1)
+                        old_m = torch.take_along_dim(old_logp, rows[:, :, None], 1).flatten(0, 1)
+                        adv_m = torch.take_along_dim(adv_a, rows, 1).flatten()
+                        grp_m = torch.take_along_dim(lgroup, rows, 1).flatten()
+                    lsm_a = torch.log_softmax(la, -1)
+                    logp = lsm_a.flatten()[fi_m] * mask_m
+                    # per-seed normaliser: seq-mean divides by one seed's rows, token-mean by one seed's tokens
+                    kw = (
+                        {**loss_kwargs, "token_count": 1.0}
+                        if token_mean
+                        else {**loss_kwargs, "seq_count": float(r)}
+                    )
+                    coef = coefficients(
+                        objective, logp, old_m, adv_m, mask_m, grp_m, with_metrics=False, **kw
+                    ).coef
+                    if token_mean:
+                        n_tok = mask_m.view(n_act, r, -1).sum((1, 2))
+                        coef = (coef.view(n_act, r, -1) / n_tok[:, None, None]).flatten(0, 1)
+                    # TabularPolicy.logits_grad, batched: ∂L/∂logp = −coef, then the log_softmax backward
+                    g = torch.zeros(n_act * ck, dtype=coef.dtype)
+                    g.index_add_(0, fi_m.flatten(), (-coef * mask_m).flatten())
+                    g = g.view(n_act, c_n, k_n)
+                    la.add_(
+                        g - lsm_a.exp() * g.sum(-1, keepdim=True), alpha=-lr
+                    )  # torch.optim.SGD, no momentum
+                    if residuals:  # CancellationMeter.add, per seed
+                        ev_m = (
+                            ev.flatten()
+                            if num_minibatches == 1
+                            else torch.take_along_dim(ev, rows[:, :, None], 1).flatten()
+                        )
+                        cf = coef.flatten()
+                        net = (
+                            torch.zeros(n_ev + 1, dtype=cf.dtype)
+                            .index_add_(0, ev_m, cf)[:n_ev]
+                            .view(n_act, -1)
+                        )
+                        gross = (
+                            torch.zeros(n_ev + 1, dtype=cf.dtype)
+                            .index_add_(0, ev_m, cf.abs())[:n_ev]
+                            .view(n_act, -1)
+                        )
+                        net_abs = net.abs()
+                        tot[0] += (net_abs * shared_f).sum(-1)
+                        tot[1] += (gross * shared_f).sum(-1)
+                        tot[2] += (net_abs * whole_f).sum(-1)
+                        tot[3] += (gross * whole_f).sum(-1)
+                        c_row = torch.where(mask_m.bool(), coef, torch.zeros_like(coef)).sum(-1)
+                        gs = torch.zeros(n_act * num_groups, dtype=cf.dtype).index_add_(0, grp_m, c_row)
+                        tot[4] += gs.view(n_act, num_groups).abs().sum(-1)
+                        tot[5] += c_row.view(n_act, r).abs().sum(-1)
+            if residuals:
+                for j, name in enumerate(RESIDUAL_KEYS):
+                    num, den = tot[2 * j], tot[2 * j + 1]
+                    out[name][active, col] = torch.where(
+                        den > NOISE, num / torch.where(den > NOISE, den, 1.0), math.nan
+                    )
+            # 7: exact statistics of the moving seeds at their parameters after the step's updates
+            logits[active] = la
+            lsm_a = torch.log_softmax(la, -1)
+            lp_a = exact.traj_logp(lsm_a)
+            p_a = lp_a.exp()
+            lsm[active] = lsm_a
+            cdf[active] = _cdf(p_a)
+            new = exact.stats(lsm_a, lp_a, p_a)
+            for name in stat_keys:
+                prev[name][active] = new[name]
+        for name in stat_keys:
+            out[name][:, col] = prev[name]
+    out["step"][:] = torch.arange(1, steps + 1, dtype=torch.float64)
+    out["updated"][:] = 1.0
+    out["buffer_groups"][:] = 0.0
+    result: dict[str, Tensor] = {"seed": torch.tensor(seed_list, dtype=torch.long)}
+    result.update(out)
+    if samples is not None:
+        result["samples"] = samples
+    return result
+
+
+def seed_rows(result: Mapping[str, Tensor], index: int) -> list[dict[str, float]]:
+    """One seed of ``simulate_seeds``'s result as ``simulate``'s rows (keys ``ROW_KEYS``, floats).
+
+    Args:
+        result: what ``simulate_seeds`` returned.
+        index: the seed's position in ``result["seed"]`` (not the seed itself).
+    Returns:
+        one dict per step; the keys that ``simulate_seeds`` does not compute (the objective's metrics
+        except ``zero_adv_group_frac``) are NaN.
+    """
+    n = int(result["step"].shape[1])
+    cols = {k: result[k][index].tolist() for k in BATCHED_KEYS}
+    return [{k: (cols[k][j] if k in cols else math.nan) for k in ROW_KEYS} for j in range(n)]
+
+
+__all__ = ["BATCHED_KEYS", "seed_rows", "simulate_seeds"]
