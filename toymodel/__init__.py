@@ -8,6 +8,7 @@
 Command line: ``python -m toymodel --help`` and ``python -m toymodel demo``.
 """
 
+from .batched import seed_rows, simulate_seeds
 from .policy import TabularPolicy
 from .scenarios import SCENARIOS, Scenario, clip_asymmetry_policies, get_scenario, shared_prefix_policies
 from .simulate import ROW_KEYS, simulate, summarize
@@ -19,7 +20,9 @@ __all__ = [
     "TabularPolicy",
     "clip_asymmetry_policies",
     "get_scenario",
+    "seed_rows",
     "shared_prefix_policies",
     "simulate",
+    "simulate_seeds",
     "summarize",
 ]
