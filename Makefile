@@ -22,13 +22,29 @@ setup: $(VENV)/.installed browser
 
 # The browser test (tests/app/test_browser.py) drives Debian's Chromium through playwright (no browser
 # download). Install it when it is missing and we can (root with apt-get); otherwise say so and go on:
-# the set-up never fails because of the browser, the test then skips with its reason.
+# the set-up never fails because of the browser, the test then skips with its reason. apt-get fails
+# when another apt holds its lock: then its error is printed and it is retried once, APT_RETRY_WAIT
+# seconds later; if that fails too, the error is printed again.
+APT_RETRY_WAIT ?= 30
 browser:
 	@if command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ]; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 		echo "installing Debian's chromium for the browser test (apt-get, about a minute)"; \
-		( apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium ) \
-			>/dev/null 2>&1 || echo "chromium could not be installed: the browser test will be skipped"; \
+		log=$$(mktemp); ok=0; \
+		for try in 1 2; do \
+			if ( apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+				--no-install-recommends chromium ) >"$$log" 2>&1; then ok=1; break; fi; \
+			if [ $$try = 1 ]; then \
+				echo "apt-get failed (another apt may hold its lock); its error:"; \
+				tail -n 15 "$$log" | sed 's/^/  apt-get: /'; \
+				echo "retrying once in $(APT_RETRY_WAIT) s"; sleep $(APT_RETRY_WAIT); \
+			fi; \
+		done; \
+		if [ $$ok = 0 ]; then \
+			echo "chromium could not be installed (the browser test will be skipped); apt-get's error:"; \
+			tail -n 15 "$$log" | sed 's/^/  apt-get: /'; \
+		else echo "chromium installed"; fi; \
+		rm -f "$$log"; \
 	else \
 		echo "no chromium (and no root apt-get to install it): the browser test will be skipped"; \
 	fi

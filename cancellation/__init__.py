@@ -2,7 +2,7 @@
 
 Modules: ``advantages``, ``aggregation``, ``objectives``, ``transforms``, ``batching``, ``diagnostics``,
 ``update`` (the schedule of one RL step and its cancellation meters, shared by the toy and the trainer).
-Shapes and names follow DESIGN.md ("The data that flows").
+Shapes and names follow docs/DESIGN.md ("The data that flows").
 """
 
 from . import batching, diagnostics, update

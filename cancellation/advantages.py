@@ -1,6 +1,6 @@
 """Group-relative advantages and Advantage Reweighting.
 
-Shapes follow DESIGN.md: ``rewards`` (B,), ``group`` (B,), ``advantages`` (B,) or (B, T) after a
+Shapes follow docs/DESIGN.md: ``rewards`` (B,), ``group`` (B,), ``advantages`` (B,) or (B, T) after a
 per-token reweighting.
 """
 

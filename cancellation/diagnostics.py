@@ -8,7 +8,7 @@
 - ``energy_by_bucket``: DFPO eq. (24) with the output-layer gradient proxy of 002 eq. (6–7);
 - ``token_flip_stats``: 002 App. C eq. (16), boosted / suppressed / stable tokens and the flip rate.
 
-Shapes follow DESIGN.md: ``logp``, ``old_logp``, ``mask``, ``tokens``, ``coef`` (B, T); ``advantages``,
+Shapes follow docs/DESIGN.md: ``logp``, ``old_logp``, ``mask``, ``tokens``, ``coef`` (B, T); ``advantages``,
 ``group`` (B,); ``probs`` (B, T, V).
 """
 

@@ -13,7 +13,7 @@ Every objective has the signature::
 ``loss`` is the negative objective (minimising it ascends J); ``metrics`` is a flat dict of floats
 with the same keys for every objective (see ``METRIC_KEYS``).
 
-An objective is built in three separate layers (DESIGN.md): weights (token ratios r, sequence ratio
+An objective is built in three separate layers (docs/DESIGN.md): weights (token ratios r, sequence ratio
 s, clipping), an optional group transform (``transforms``), and aggregation (``aggregation``).
 Sequence-level objectives broadcast their per-sequence term to every token of the sequence, so
 ``seq-mean-token-mean`` gives exactly (1/G) Σ_i term_i, GSPO's eq. (42); this is also how TRL and

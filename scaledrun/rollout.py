@@ -1,6 +1,6 @@
 """Rollouts: G sampled completions per prompt, their masks and the old policy's log-probs.
 
-A ``RolloutBatch`` holds one flat batch of completions in the shapes of DESIGN.md: the prompt part of
+A ``RolloutBatch`` holds one flat batch of completions in the shapes of docs/DESIGN.md: the prompt part of
 ``input_ids`` is left-padded to ``prompt_len`` columns, the completion part (the last T columns) is
 right-padded; ``completion_mask``, ``old_logp`` (B, T) refer to the completion part only.
 
