@@ -41,16 +41,21 @@ Launching
 The same module runs in one process (``python -m scaledrun.train``) or under ``accelerate launch``;
 ``--config`` takes a YAML of ``RunConfig`` fields and any ``--field value`` overrides it.
 
-CPU smoke test (the tiny Qwen3, a few minutes)::
+CPU smoke test (the tiny Qwen3, well under a minute)::
 
     python -m scaledrun.tiny --out artifacts/tiny-qwen3
-    python -m scaledrun.train --config scaledrun/configs/default.yaml --steps 20
+    python -m scaledrun.train --config scaledrun/configs/default.yaml --steps 20 --output_dir runs/smoke
 
 Two CPU processes (gloo; what ``tests/scaledrun/test_multiprocess.py`` runs; on a machine without a
 GPU the trainer passes ``cpu=True`` to Accelerate so a ``--multi_gpu`` launch uses gloo)::
 
     accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no \\
-        --dynamo_backend no -m scaledrun.train --config scaledrun/configs/default.yaml --steps 20
+        --dynamo_backend no -m scaledrun.train --config scaledrun/configs/default.yaml --steps 20 \\
+        --output_dir runs/smoke-2proc
+
+Every run writes its own ``--output_dir``: a folder that already holds a run is refused unless
+``--resume true`` or ``--overwrite true`` (``scaledrun/rundir.py``); ``kill -9`` of the launcher stops its
+workers too.
 
 One GPU (``--preset`` on the command line overrides the YAML file: Qwen3-0.6B, bf16, LoRA r 16, lr 1e-5;
 the other options override the preset; ``--micro_batch_size`` bounds the rows per forward/backward)::
