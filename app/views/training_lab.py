@@ -1,7 +1,14 @@
 """Page 4, Training lab: how do the objectives compare when they actually train the toy policy?
 
-Every (variant, seed) run is one ``toymodel.simulate`` call behind ``st.cache_data``, so changing one
-input recomputes only the runs it affects (adding an objective runs only that objective). The curves
+When ``toymodel.batched.simulate_seeds`` supports the chosen options (plain SGD, query-preserved
+mini-batches, no reward-balanced batching, Lopti or Advantage Reweighting) every variant's seeds are one
+``simulate_seeds`` call behind ``st.cache_data`` (all seeds as one batched computation, equal per seed to
+``toymodel.simulate`` to rounding, so the page defaults to 16 seeds). That call does not compute the
+objective's own metrics (Asym, clip fractions): the page then leaves those curves out and says so, and the
+"Objective metrics" toggle runs every seed with ``simulate`` instead. Otherwise (the fallback) every
+(variant, seed) run is one ``toymodel.simulate`` call behind ``st.cache_data``, so changing one input
+recomputes only the runs it affects; on either path adding an objective runs only that objective. A
+caption says which path ran. The curves
 are ``app.figures.curve_figure`` (mean over seeds, ±1 sample-std band) and the summary table is
 ``toymodel.compare.summarize_variant`` per variant (plus the cancellation meters it lacks, averaged the
 same way). Incompatible choices (dfpo or gspo's paper estimator with Advantage Reweighting or Lopti,
@@ -18,8 +25,10 @@ import math
 import statistics
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import streamlit as st
+import torch
 
 from app.common import page_header, user_errors
 from app.figures import CURVE_TITLES, curve_figure
@@ -28,6 +37,7 @@ from cancellation.batching import SPLIT_MODES
 from cancellation.glossary import METER_DOCS
 from cancellation.update import RESIDUAL_KEYS
 from toymodel import SCENARIOS, simulate
+from toymodel.batched import BATCHED_KEYS, seed_rows, simulate_seeds
 from toymodel.compare import COLUMNS, VARIANTS, summarize_variant
 from toymodel.simulate import DEFAULT_LR, OPTIMIZERS
 
@@ -100,6 +110,13 @@ DEFAULT_COMMON: dict[str, Any] = {
 
 #: the metrics drawn as curves (row keys of ``toymodel.simulate``)
 CURVES = tuple(CURVE_TITLES)
+#: the curves the batched path does not compute (the objective's own metrics): drawn only on the fallback
+OBJECTIVE_CURVES = tuple(k for k in CURVES if k not in BATCHED_KEYS)
+
+#: the seeds slider: its default and maximum (the batched path runs 16 seeds of the first screen in
+#: about the time the per-seed path took for 3)
+DEFAULT_SEEDS = 16
+MAX_SEEDS = 256
 
 #: the cancellation meters that ``summarize_variant`` does not summarise (each seed's mean over steps)
 EXTRA_COLUMNS = tuple(k for k in RESIDUAL_KEYS if k not in COLUMNS)
@@ -160,6 +177,59 @@ def run_one(
         batching=batching, reward_balanced_rho=reward_balanced_rho, lopti_eta=lopti_eta,
         ar_alpha=ar_alpha, **dict(params),
     )  # fmt: skip
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def run_seeds(
+    scenario: str,
+    objective: str,
+    params: tuple[tuple[str, Any], ...],
+    seeds: int,
+    steps: int,
+    group_size: int,
+    lr: float,
+    inner_epochs: int,
+    num_groups: int,
+    num_minibatches: int,
+) -> dict[str, np.ndarray]:
+    """``toymodel.batched.simulate_seeds`` for seeds 0 … ``seeds`` − 1 (cached per argument set), as arrays."""
+    result = simulate_seeds(
+        scenario, objective, seeds, steps=steps, group_size=group_size, lr=lr, inner_epochs=inner_epochs,
+        num_groups=num_groups, num_minibatches=num_minibatches, **dict(params),
+    )  # fmt: skip
+    return {k: v.numpy() for k, v in result.items()}
+
+
+def fallback_reasons(common: dict[str, Any], objective_metrics: bool) -> list[str]:
+    """Why the seeds must run one by one with ``simulate`` (empty when ``simulate_seeds`` supports them)."""
+    reasons = []
+    if common["optimizer"] != "sgd":
+        reasons.append(f"the {common['optimizer']} optimizer")
+    if common["batching"] != "query":
+        reasons.append(f"the {common['batching']} mini-batch split")
+    for key, name in (
+        ("reward_balanced_rho", "reward-balanced batching"),
+        ("lopti_eta", "Lopti"),
+        ("ar_alpha", "Advantage Reweighting"),
+    ):
+        if common[key] is not None:
+            reasons.append(name)
+    if objective_metrics:
+        reasons.append("the objective metrics (Asym, clip fractions)")
+    return reasons
+
+
+def batched_runs(
+    scenario: str, objective: str, params: dict[str, Any], seeds: int, common: dict[str, Any]
+) -> list[list[dict[str, float]]]:
+    """Every seed's rows of one variant from one ``run_seeds`` call (``simulate``'s row keys; the ones
+    ``simulate_seeds`` does not compute are NaN)."""
+    args = {
+        k: common[k] for k in ("steps", "group_size", "lr", "inner_epochs", "num_groups", "num_minibatches")
+    }
+    arrays = run_seeds(scenario, objective, tuple(sorted(params.items())), seeds, **args)
+    result = {k: torch.from_numpy(v) for k, v in arrays.items()}
+    return [seed_rows(result, i) for i in range(seeds)]
 
 
 def _default_lr() -> None:
@@ -251,7 +321,19 @@ with st.sidebar:
         "Inner epochs (PPO epochs per batch)", 1, 16, DEFAULT_COMMON["inner_epochs"], key="inner"
     )
     steps = st.number_input("Steps", min_value=1, max_value=2000, value=100, step=10, key="steps")
-    seeds = st.slider("Seeds", 1, 20, 3, key="seeds")
+    seeds = st.slider(
+        "Seeds", 1, MAX_SEEDS, DEFAULT_SEEDS, key="seeds",
+        help="With plain SGD and query-preserved mini-batches (no reward-balanced batching, Lopti or AR) "
+        "all seeds of an objective run as one batched computation (toymodel.batched.simulate_seeds): "
+        "many seeds cost little to run (256 seeds × 100 steps: about a second per objective), though "
+        "drawing them takes longer (about 1.3 s a rerun at 256). Otherwise each seed is its own "
+        "toymodel.simulate run (about 0.5 s per seed and objective at 100 steps).",
+    )  # fmt: skip
+    objective_metrics = st.toggle(
+        "Objective metrics (Asym, clip fractions)", key="objective_metrics",
+        help="The batched simulator does not compute the objective's own metrics; this runs every seed "
+        "with toymodel.simulate instead (slower) and draws them.",
+    )  # fmt: skip
     st.header("Batching")
     num_groups = st.slider("Groups per step", 1, 16, 1, key="num_groups")
     minibatches = st.slider("Mini-batches per inner epoch", 1, 16, 1, key="minibatches")
@@ -297,29 +379,45 @@ common = {
     "ar_alpha": float(alpha) if ar_on else None,
 }
 
+reasons = fallback_reasons(common, bool(objective_metrics))
+batched = not reasons
 runs_by_label: dict[str, list[list[dict[str, float]]]] = {}
-total = len(variants) * int(seeds)
 bar = st.progress(0.0, text="Running the simulator…")
 with user_errors():
     try:
-        done = 0
-        for label in variants:
+        for done, label in enumerate(variants):
             objective, params = PAGE_VARIANTS[label]
-            runs = []
-            for seed in range(int(seeds)):
-                try:
+            where = label
+            try:
+                if batched:  # one call for all seeds
+                    bar.progress(done / len(variants), text=f"{label}, {int(seeds)} seeds (batched)")
+                    runs_by_label[label] = batched_runs(scenario, objective, params, int(seeds), common)
+                    continue
+                runs = []
+                for seed in range(int(seeds)):
+                    where = f"{label}, seed {seed}"
+                    bar.progress((done + seed / int(seeds)) / len(variants), text=where)
                     runs.append(run_one(scenario, objective, tuple(sorted(params.items())), seed, **common))
-                except (ValueError, TypeError) as exc:
-                    raise type(exc)(f"{label}: {exc}") from exc
-                except RuntimeError as exc:  # numerical failure in torch: say what to change
-                    raise ValueError(
-                        f"{label}, seed {seed}: the simulator failed ({exc}); try a smaller learning rate"
-                    ) from exc
-                done += 1
-                bar.progress(done / total, text=f"{label}, seed {seed} ({done}/{total} runs)")
-            runs_by_label[label] = runs
+                runs_by_label[label] = runs
+            except (ValueError, TypeError) as exc:
+                raise type(exc)(f"{label}: {exc}") from exc
+            except RuntimeError as exc:  # numerical failure in torch: say what to change
+                raise ValueError(
+                    f"{where}: the simulator failed ({exc}); try a smaller learning rate"
+                ) from exc
     finally:
         bar.empty()
+
+if batched:
+    st.caption(
+        f"Ran each objective's {int(seeds)} seed{'s' if int(seeds) > 1 else ''} as one batched computation "
+        "(`toymodel.batched.simulate_seeds`, equal per seed to `toymodel.simulate` to rounding)."
+    )
+else:
+    st.caption(
+        f"Ran each seed with `toymodel.simulate`: the batched `toymodel.batched.simulate_seeds` does not "
+        f"support {', '.join(reasons)}."
+    )
 
 table = summary_table(runs_by_label, float(threshold))
 if {GSPO_LABEL, EQ86_LABEL, DFPO_LABEL} <= set(table.index):
@@ -330,8 +428,14 @@ if {GSPO_LABEL, EQ86_LABEL, DFPO_LABEL} <= set(table.index):
 
 st.subheader("Curves (mean over seeds, band ±1 std)")
 cols = st.columns(2)
-for i, metric in enumerate(CURVES):
+for i, metric in enumerate(m for m in CURVES if not (batched and m in OBJECTIVE_CURVES)):
     cols[i % 2].plotly_chart(curve_figure(runs_by_label, metric), key=f"curve_{metric}")
+if batched:
+    st.caption(
+        f"Not drawn: {', '.join(CURVE_TITLES[m][0] for m in OBJECTIVE_CURVES)}. The batched simulator "
+        "does not compute the objective's own metrics; turn on 'Objective metrics' in the sidebar to run "
+        "every seed with `toymodel.simulate` and draw them (slower)."
+    )
 
 st.caption(
     "A metric without a value (e.g. the group-shared residual when no event is shared by the whole "

@@ -3,8 +3,10 @@ input reruns cleanly, and incompatible choices show the library's message. Also 
 builders of ``app/figures.py`` against plain-loop statistics.
 
 Most tests shrink the run (few steps, one or two seeds) by presetting the widgets' session state before
-the first run; the default page (3 objectives × 3 seeds × 100 steps) and the page's 10-seed reference
-numbers are ``slow`` tests.
+the first run; the default page (3 objectives × 16 seeds × 100 steps) and the page's 10-seed reference
+numbers are ``slow`` tests. At the page's defaults the seeds run through ``toymodel.batched.simulate_seeds``
+(one call per objective); Adam, the random split, reward-balanced batching, Lopti, AR and the "Objective
+metrics" toggle run each seed with ``simulate``: both paths are checked against ``simulate``'s rows.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app.figures import CURVE_TITLES, curve_figure, seed_band, weight_space_figure
+from app.views.training_lab import DEFAULT_SEEDS, MAX_SEEDS, OBJECTIVE_CURVES
 from cancellation.update import RESIDUAL_KEYS
 from toymodel import simulate
 from toymodel.compare import COLUMNS, summarize_variant
@@ -76,6 +79,18 @@ def _traces(at: AppTest, metric: str) -> dict[str, list[float]]:
     return out
 
 
+def _seed_means(scenario: str, objective: str, seeds: int, steps: int, key: str, **kwargs) -> list[float]:
+    """``simulate``'s ``key`` at every step, averaged over seeds 0 … ``seeds`` − 1 (the page's mean curve)."""
+    runs = [simulate(scenario, objective, steps=steps, seed=s, **kwargs) for s in range(seeds)]
+    return [statistics.mean(rows[t][key] for rows in runs) for t in range(steps)]
+
+
+def _path(at: AppTest) -> str:
+    """Which path the page says ran: ``batched`` or ``simulate``."""
+    (caption,) = [c.value for c in at.caption if c.value.startswith("Ran ")]
+    return "batched" if caption.startswith("Ran each objective's") else "simulate"
+
+
 def _mean_std(xs: list[float]) -> tuple[float, float]:
     xs = [x for x in xs if not math.isnan(x)]
     if not xs:
@@ -83,19 +98,29 @@ def _mean_std(xs: list[float]) -> tuple[float, float]:
     return statistics.mean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
 
 
+def test_default_seeds_run_batched():
+    at = AppTest.from_file(str(PAGE), default_timeout=300)
+    at.session_state["steps"] = 2  # everything else at the page's defaults
+    _run(at)
+    slider = at.sidebar.slider(key="seeds")
+    assert (slider.value, slider.max) == (DEFAULT_SEEDS, MAX_SEEDS) == (16, 256)
+    assert _path(at) == "batched"
+    assert any(
+        c.value.startswith(f"Ran each objective's {DEFAULT_SEEDS} seeds as one batched") for c in at.caption
+    )
+
+
 def test_first_screen_defaults_compare_gspo_the_eq86_control_and_dfpo():
     at = AppTest.from_file(str(PAGE), default_timeout=300)
-    at.session_state["steps"] = 30  # everything else at the page's defaults (3 seeds)
+    at.session_state["steps"], at.session_state["seeds"] = 30, 4  # the rest at the page's defaults
     _run(at)
     assert at.sidebar.selectbox(key="scenario").value == "template_task"
     assert at.sidebar.multiselect(key="variants").value == list(FIRST_SCREEN)
-    # the curves the page draws are simulate's rows for the same arguments
+    assert _path(at) == "batched"
+    # the curves the page draws (one simulate_seeds call per objective) are simulate's seed means
     reward = _traces(at, "expected_reward")
     for label, (objective, params) in FIRST_SCREEN.items():
-        runs = [
-            simulate("template_task", objective, steps=30, seed=s, **DEFAULTS, **params) for s in range(3)
-        ]
-        mean = [statistics.mean(rows[t]["expected_reward"] for rows in runs) for t in range(30)]
+        mean = _seed_means("template_task", objective, 4, 30, "expected_reward", **DEFAULTS, **params)
         assert reward[label] == pytest.approx(mean, rel=1e-12)
     # GSPO and DFPO draw different curves: DFPO's estimator keeps the clipped sequences' gradients
     assert reward["dfpo min_replace"][-1] - reward["gspo"][-1] > 0.1
@@ -207,13 +232,66 @@ def test_summary_equals_summarize_variant_over_seeds():
     assert row["reached threshold"] == expected["reached_frac"]
 
 
-def test_every_curve_is_drawn_with_one_trace_per_variant_and_band():
-    at = _run(_page(variants=["grpo", "gspo"], seeds=2, steps=6))
+@pytest.mark.parametrize("objective_metrics", [False, True])
+def test_every_curve_is_drawn_with_one_trace_per_variant_and_band(objective_metrics):
+    at = _run(_page(variants=["grpo", "gspo"], seeds=2, steps=6, objective_metrics=objective_metrics))
     charts = at.get("plotly_chart")
-    assert len(charts) == len(CURVE_TITLES)
+    titles = [json.loads(c.proto.spec)["layout"]["yaxis"]["title"]["text"] for c in charts]
+    if objective_metrics:  # every seed through simulate: the objective's metrics too
+        assert _path(at) == "simulate" and sorted(titles) == sorted(CURVE_TITLES)
+    else:  # batched: the metrics simulate_seeds does not compute are left out, and the page says so
+        assert _path(at) == "batched"
+        assert sorted(titles) == sorted(k for k in CURVE_TITLES if k not in OBJECTIVE_CURVES)
+        assert set(OBJECTIVE_CURVES) == {"asym", "clip/low_frac", "clip/high_frac"}
+        assert any(
+            c.value.startswith("Not drawn: Asym") and "Objective metrics" in c.value for c in at.caption
+        )
     for chart in charts:
         names = [t.get("name") for t in json.loads(chart.proto.spec)["data"]]
         assert names == ["grpo ±1 std", "grpo", "gspo ±1 std", "gspo"]
+
+
+def test_objective_metrics_toggle_draws_simulates_clip_fractions():
+    at = _run(_page(variants=["gspo"], seeds=2, steps=6, scenario="template_task"))
+    assert _path(at) == "batched"
+    batched_reward = _traces(at, "expected_reward")["gspo"]
+    at.sidebar.toggle(key="objective_metrics").set_value(True)
+    _run(at)
+    assert "the objective metrics (Asym, clip fractions)" in next(
+        c.value for c in at.caption if c.value.startswith("Ran ")
+    )
+    for key in ("clip/low_frac", "asym", "expected_reward"):
+        want = _seed_means("template_task", "gspo", 2, 6, key, **DEFAULTS)
+        assert _traces(at, key)["gspo"] == pytest.approx(want, rel=1e-12, nan_ok=True)
+    # the two paths agree where both compute a metric
+    assert batched_reward == pytest.approx(_traces(at, "expected_reward")["gspo"], rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("state", "simulate_kwargs", "reason"),
+    [
+        ({"optimizer": "adam", "lr": 0.05}, {"optimizer": "adam", "lr": 0.05}, "the adam optimizer"),
+        (
+            {"batching": "random", "num_groups": 2, "minibatches": 2},
+            {"batching": "random", "num_groups": 2, "num_minibatches": 2},
+            "the random mini-batch split",
+        ),
+    ],
+)
+def test_fallback_path_runs_each_seed_with_simulate(state, simulate_kwargs, reason):
+    at = _run(_page(variants=["grpo", "dfpo min_replace"], seeds=3, steps=5, **state))
+    assert not at.error
+    assert _path(at) == "simulate"
+    assert reason in next(c.value for c in at.caption if c.value.startswith("Ran "))
+    assert len(at.get("plotly_chart")) == len(CURVE_TITLES)  # the objective's metrics are drawn
+    kwargs = {**DEFAULTS, **simulate_kwargs}
+    for label, objective, params in (
+        ("grpo", "grpo", {}),
+        ("dfpo min_replace", "dfpo", {"transform": "min_replace"}),
+    ):
+        for key in ("expected_reward", "clip/high_frac"):
+            want = _seed_means("equivalent_solutions", objective, 3, 5, key, **kwargs, **params)
+            assert _traces(at, key)[label] == pytest.approx(want, rel=1e-12, nan_ok=True)
 
 
 @pytest.mark.parametrize(
@@ -342,6 +420,7 @@ def test_default_page_loads_with_the_default_objectives():
     at = AppTest.from_file(str(PAGE), default_timeout=600)
     _run(at)
     assert not at.error
+    assert _path(at) == "batched" and at.sidebar.slider(key="seeds").value == DEFAULT_SEEDS
     table = _table(at)
     assert list(table.index) == list(FIRST_SCREEN)
     # the first screen shows the difference the papers are about: GSPO (its clip silences most
