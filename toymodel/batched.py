@@ -59,22 +59,10 @@ from cancellation.update import NOISE, RESIDUAL_KEYS, coefficients
 
 from .policy import TabularPolicy
 from .scenarios import Scenario, get_scenario
-from .simulate import DEFAULT_LR, ROW_KEYS, _check_int
+from .simulate import DEFAULT_LR, ROW_KEYS, STEP_KEYS, _check_int
 
 #: The keys ``simulate_seeds`` computes (each a (S, steps) float64 tensor in its result).
-BATCHED_KEYS: tuple[str, ...] = (
-    "step",
-    "updated",
-    "buffer_groups",
-    "sampled_reward",
-    "expected_reward",
-    "entropy",
-    "equiv_entropy",
-    "equiv_log_odds",
-    "template_kl",
-    *RESIDUAL_KEYS,
-    "zero_adv_group_frac",
-)
+BATCHED_KEYS: tuple[str, ...] = (*STEP_KEYS, "zero_adv_group_frac")
 
 
 def _unsupported(name: str, why: str) -> ValueError:

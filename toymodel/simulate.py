@@ -105,8 +105,8 @@ from cancellation.update import (
 from .policy import TabularPolicy
 from .scenarios import Scenario, get_scenario
 
-#: The keys of every row ``simulate`` returns, in order.
-ROW_KEYS: tuple[str, ...] = (
+#: The per-step keys of every row (the objective's metrics follow them in ``ROW_KEYS``).
+STEP_KEYS: tuple[str, ...] = (
     "step",
     "updated",
     "buffer_groups",
@@ -117,6 +117,10 @@ ROW_KEYS: tuple[str, ...] = (
     "equiv_log_odds",
     "template_kl",
     *RESIDUAL_KEYS,  # shared_residual, group_shared_residual, sequence_net_residual
+)
+#: The keys of every row ``simulate`` returns, in order.
+ROW_KEYS: tuple[str, ...] = (
+    *STEP_KEYS,
     *METRIC_KEYS,
 )
 
