@@ -89,26 +89,21 @@ def _int_at_least(low: int, why: str = "") -> Any:
     return parse
 
 
-def _positive_float(text: str) -> float:
-    """argparse type: a finite float > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return value
+def _float(*, positive: bool):
+    """argparse type: a finite float (> 0 with ``positive``)."""
 
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not math.isfinite(value) or (positive and value <= 0):
+            raise argparse.ArgumentTypeError(
+                f"must be a finite number{' > 0' if positive else ''}, got {text}"
+            )
+        return value
 
-def _finite_float(text: str) -> float:
-    """argparse type: a finite float."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
-    return value
+    return parse
 
 
 #: why G = 1 is refused (the Training lab warns the same)
@@ -147,7 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--group-size", type=_int_at_least(2, GROUP_OF_ONE), default=8, help="G, completions per group (≥ 2)"
     )
-    p.add_argument("--lr", type=_positive_float, default=None, help="default: 0.5 for sgd, 0.05 for adam")
+    p.add_argument(
+        "--lr", type=_float(positive=True), default=None, help="default: 0.5 for sgd, 0.05 for adam"
+    )
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd")
     p.add_argument("--inner-epochs", type=_int_at_least(1), default=4)
     p.add_argument("--seeds", type=_int_at_least(1), default=1, help="number of seeds (runs)")
@@ -165,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--threshold",
-        type=_finite_float,
+        type=_float(positive=False),
         default=0.9,
         help="expected-reward threshold for steps-to-threshold",
     )
