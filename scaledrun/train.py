@@ -950,10 +950,7 @@ def _replay_stats(batch: RolloutBatch) -> dict[str, float]:
 
 def _any_process(accelerator: Any, flag: bool) -> bool:
     """Whether ``flag`` holds on any process (all processes call this together)."""
-    if accelerator.num_processes == 1:
-        return flag
-    t = torch.tensor([1.0 if flag else 0.0], dtype=torch.float64, device=accelerator.device)
-    return float(accelerator.reduce(t, "sum")) > 0
+    return _sum_list(accelerator, [1.0 if flag else 0.0])[0] > 0
 
 
 def _sum_list(accelerator: Any, values: list[float]) -> list[float]:
@@ -969,11 +966,8 @@ def _sum_over_processes(accelerator: Any, values: dict[str, float]) -> dict[str,
 
 
 def _mean_over_processes(accelerator: Any, values: dict[str, float]) -> dict[str, float]:
-    if accelerator.num_processes == 1:
-        return {k: float(v) for k, v in values.items()}
-    keys = list(values)
-    t = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=accelerator.device)
-    return dict(zip(keys, accelerator.reduce(t, "mean").tolist(), strict=True))
+    world = accelerator.num_processes
+    return {k: v / world for k, v in _sum_over_processes(accelerator, values).items()}
 
 
 def _pop_option(argv: list[str], name: str) -> list[str]:
