@@ -1,6 +1,7 @@
 # Two commands for a fresh machine (see README.md):
 #   make demo   set up .venv and print the paper's toy results
 #   make test   set up .venv and run the whole test suite (lint included)
+#   make experiments  run the studies and write experiments/REPORT.md (about an hour on CPU)
 #   make app    set up .venv and serve the Streamlit explorer on http://localhost:8501 (PORT=...)
 PYTHON ?= python3
 VENV   := .venv
@@ -10,7 +11,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 PORT   ?= 8501
 
-.PHONY: setup browser demo app notebooks test test-fast bench lint format clean
+.PHONY: setup browser demo app notebooks experiments experiments-quick test test-fast bench lint format clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +61,14 @@ app: setup
 # tutorials/*.py (jupytext percent format) -> tutorials/*.ipynb, to open in Jupyter
 notebooks: setup
 	$(VENV)/bin/jupytext --to notebook tutorials/[0-9][0-9]_*.py
+
+# the papers' predictions tested (toy studies + language-model sweep), written to experiments/REPORT.md;
+# resumable (finished language-model runs are skipped). experiments-quick: the smallest slice, a few minutes.
+experiments: setup
+	$(PY) -m experiments
+
+experiments-quick: setup
+	$(PY) -m experiments --quick
 
 test: setup
 	$(VENV)/bin/ruff check .
