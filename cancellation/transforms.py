@@ -9,6 +9,12 @@ batch of many groups (no Python loop over groups):
 
 They are differentiable torch functions; the objective decides whether to stop the gradient
 (DFPO's convention, App. C/D) or not (Table 3's "no stop-grad" ablation).
+
+``TRANSFORMS`` holds DFPO's four transforms, each of which makes Σ_i Â_i s̃_i = 0 per group (Min-Replace
+with zero-sum advantages). ``ABLATIONS`` holds the ablation ``scale_half`` (Table 3's "DFPO (scale by
+0.5)"), which does not: it is kept out of ``TRANSFORMS`` so that code enumerating DFPO's transforms
+(the app, the tutorials, their tests of Σ Â s̃ = 0) does not pick it up. ``get_transform`` (hence
+``dfpo(transform=...)``) resolves both.
 """
 
 from __future__ import annotations
@@ -156,6 +162,19 @@ def truncate_rebalance(weights: Tensor, advantages: Tensor, group: Tensor, floor
     return s_pos * scale
 
 
+def scale_half(weights: Tensor, advantages: Tensor, group: Tensor) -> Tensor:
+    """DFPO Table 3's "DFPO (scale by 0.5)" ablation: s̃_i = 0.5·s̄_i, a global scaling instead of a group transform.
+
+    The paper replaces eq. (50) by s̃_i(θ) ≜ 0.5·s̄_i(θ) "to rule out the explanation that performance
+    gains are merely due to smaller updates" (Sec. 6.2). It keeps the within-group spread of s̄, so
+    Σ_i Â_i s̃_i = 0.5·Σ_i Â_i s̄_i ≠ 0 in general: under the paper's estimator it is GSPO's eq. (86)
+    baseline at half the step. An ablation, not one of DFPO's transforms (``ABLATIONS``, not ``TRANSFORMS``).
+    """
+    _check(weights, advantages, group)
+    # DFPO Table 3: s̃_i ≜ 0.5·s̄_i (replacing eq. 50)
+    return 0.5 * weights
+
+
 TRANSFORMS: dict[str, Callable[..., Tensor]] = {
     "min_replace": min_replace,
     "orth_proj": orth_proj,
@@ -163,10 +182,16 @@ TRANSFORMS: dict[str, Callable[..., Tensor]] = {
     "truncate_rebalance": truncate_rebalance,
 }
 
+#: Ablations of DFPO's transforms (Table 3), resolved by ``get_transform`` but not part of ``TRANSFORMS``.
+ABLATIONS: dict[str, Callable[..., Tensor]] = {
+    "scale_half": scale_half,
+}
+
 
 def get_transform(name: str) -> Callable[..., Tensor]:
-    """Look a transform up by name; unknown names list the valid ones."""
-    try:
-        return TRANSFORMS[name]
-    except KeyError:
-        raise ValueError(f"unknown transform {name!r}; valid: {', '.join(TRANSFORMS)}") from None
+    """Look a transform (``TRANSFORMS``) or an ablation (``ABLATIONS``) up by name; unknown names list the valid ones."""
+    fn = TRANSFORMS.get(name) or ABLATIONS.get(name)
+    if fn is None:
+        valid = ", ".join([*TRANSFORMS, *ABLATIONS])
+        raise ValueError(f"unknown transform {name!r}; valid: {valid}")
+    return fn

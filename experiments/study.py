@@ -27,6 +27,9 @@ from typing import Any
 from .stats import paired_difference
 
 DIRECTIONS = ("lower", "higher")
+#: Significant digits of the curves' values in the saved JSON (they only draw figures; per-seed measures
+#: are saved at full precision).
+CURVE_DIGITS = 5
 VERDICTS = ("held", "contradicted", "not resolved", "not measured")
 
 
@@ -191,7 +194,7 @@ class StudyResult:
             for arm, measures in self.per_seed.items()
         }
         d["measures"] = [_json_measure(m) for m in self.measures]
-        d["curves"] = _json_clean(self.curves)
+        d["curves"] = _json_clean(self.curves, digits=CURVE_DIGITS)
         return d
 
     @classmethod
@@ -229,7 +232,7 @@ class StudyResult:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=1, allow_nan=False))
+        tmp.write_text(json.dumps(self.to_json(), separators=(",", ":"), allow_nan=False))
         tmp.replace(path)  # never a half-written result
         return path
 
@@ -265,13 +268,14 @@ def _json_measure(m: Measure) -> dict[str, Any]:
     return d
 
 
-def _json_clean(x: Any) -> Any:
+def _json_clean(x: Any, digits: int) -> Any:
     if isinstance(x, Mapping):
-        return {str(k): _json_clean(v) for k, v in x.items()}
+        return {str(k): _json_clean(v, digits) for k, v in x.items()}
     if isinstance(x, Sequence) and not isinstance(x, str):
-        return [_json_clean(v) for v in x]
+        return [_json_clean(v, digits) for v in x]
     if isinstance(x, float):
-        return _json_float(x)
+        v = _json_float(x)
+        return float(f"{v:.{digits}g}") if isinstance(v, float) else v
     return x
 
 

@@ -10,11 +10,13 @@ import pytest
 import torch
 
 from cancellation.transforms import (
+    ABLATIONS,
     TRANSFORMS,
     get_transform,
     min_replace,
     orth_proj,
     orth_proj_pos,
+    scale_half,
     truncate_rebalance,
 )
 
@@ -329,6 +331,50 @@ def test_min_replace_shrinkage_bound(delta: float) -> None:
     phi = min_replace(w, torch.zeros_like(w), group) / w
     assert float(phi.max()) <= 1.0
     assert float(phi.min()) >= math.exp(-2 * delta) * (1 - 1e-15)
+
+
+# ------------------------------------------------------------------------------------------------
+# Table 3's "DFPO (scale by 0.5)" ablation
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_scale_half_is_half_the_weights(seed: int) -> None:
+    """Table 3: s̃_i = 0.5·s̄_i for every row, whatever the group and its advantages."""
+    w, a, group = _batch(seed)
+    out = scale_half(w, a, group)
+    assert out.tolist() == [0.5 * x for x in w.tolist()]  # exact: a power-of-two scaling
+    # a global scaling keeps the spread: Σ Â s̃ = 0.5·Σ Â s̄ per group (not 0, unlike the four transforms)
+    for idx in ref.groups_of(group).values():
+        want = 0.5 * sum(float(a[i] * w[i]) for i in idx)
+        assert sum(float(a[i] * out[i]) for i in idx) == pytest.approx(want, abs=1e-15)
+
+
+def test_scale_half_is_an_ablation_resolved_by_name() -> None:
+    assert get_transform("scale_half") is scale_half is ABLATIONS["scale_half"]
+    assert "scale_half" not in TRANSFORMS  # DFPO's transforms are the four that make Σ Â s̃ = 0
+    with pytest.raises(ValueError, match=r"weights.*shape"):
+        scale_half(torch.ones(3)[:, None], torch.zeros(3), torch.zeros(3, dtype=torch.long))
+
+
+def test_dfpo_scale_half_is_the_eq86_control_at_half_the_step() -> None:
+    """Under the paper's estimator DFPO with s̃ = 0.5·s̄ has exactly half GSPO eq. (86)'s gradient."""
+    from cancellation import compute_loss
+
+    gen = torch.Generator().manual_seed(3)
+    old = -torch.rand(6, 4, generator=gen, dtype=torch.float64)
+    logp = (old + 0.01 * torch.randn(6, 4, generator=gen, dtype=torch.float64)).requires_grad_()
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 0.2, -0.2], dtype=torch.float64)
+    mask = torch.ones(6, 4, dtype=torch.float64)
+    group = torch.tensor([0, 0, 0, 1, 1, 1])
+    eps = {"epsilon_low": 3e-4, "epsilon_high": 4e-4}
+    (g_half,) = torch.autograd.grad(
+        compute_loss("dfpo", logp, old, adv, mask, group, transform="scale_half", **eps)[0], logp
+    )
+    (g_ctrl,) = torch.autograd.grad(
+        compute_loss("gspo", logp, old, adv, mask, group, estimator="paper", **eps)[0], logp
+    )
+    assert torch.allclose(g_half, 0.5 * g_ctrl, rtol=0, atol=1e-15)
+    assert float(g_ctrl.abs().max()) > 0
 
 
 # ------------------------------------------------------------------------------------------------
