@@ -98,7 +98,7 @@ CANCEL = "Cancellation Hypothesis (002)"
 #: "Do Not Let Low-Probability Tokens Over-Dominate in RL for LLMs".
 LOPTI = "Lopti (arXiv 2505.12929)"
 DAPO = "DAPO (arXiv 2503.14476)"
-ISSUE = "Cancellation Lab issue 11 (a tabular reference run)"
+ISSUE = "Cancellation Lab: the hypothesis of an earlier tabular run (experiments issue)"
 
 #: The measures the toy cannot compute, said in every study's notes.
 NOT_IN_TOY = (
