@@ -12,6 +12,8 @@ bootstrap CI, ``experiments.stats.paired_difference``) decides:
 - ``held``: the whole CI lies on the predicted side of 0;
 - ``contradicted``: the whole CI lies on the other side;
 - ``not resolved``: the CI contains 0 (the study cannot tell at its number of seeds);
+- ``too few seeds``: fewer than ``MIN_SEEDS`` seeds have both values (quick mode's slices); the
+  difference is still shown;
 - ``not measured``: the arm, the baseline or the measure is missing, or no seed has both.
 """
 
@@ -30,7 +32,11 @@ DIRECTIONS = ("lower", "higher")
 #: Significant digits of the curves' values in the saved JSON (they only draw figures; per-seed measures
 #: are saved at full precision).
 CURVE_DIGITS = 5
-VERDICTS = ("held", "contradicted", "not resolved", "not measured")
+VERDICTS = ("held", "contradicted", "not resolved", "too few seeds", "not measured")
+#: A verdict needs at least this many seeds with both arms measured: a bootstrap CI of fewer paired
+#: differences is too narrow to trust (with 2 seeds it has 3 possible values), and the exact sign test
+#: cannot go below p = 2^(1-n) = 0.0625 with 5 seeds.
+MIN_SEEDS = 5
 
 
 @dataclass(frozen=True)
@@ -173,7 +179,9 @@ class StudyResult:
                 out.append(Verdict(p, "not measured", n=pd.n))
                 continue
             lower_side, higher_side = pd.high < 0, pd.low > 0
-            if (p.direction == "lower" and lower_side) or (p.direction == "higher" and higher_side):
+            if pd.n < MIN_SEEDS:
+                verdict = "too few seeds"
+            elif (p.direction == "lower" and lower_side) or (p.direction == "higher" and higher_side):
                 verdict = "held"
             elif (p.direction == "lower" and higher_side) or (p.direction == "higher" and lower_side):
                 verdict = "contradicted"
@@ -279,4 +287,4 @@ def _json_clean(x: Any, digits: int) -> Any:
     return x
 
 
-__all__ = ["DIRECTIONS", "VERDICTS", "Measure", "Prediction", "StudyResult", "Verdict"]
+__all__ = ["DIRECTIONS", "MIN_SEEDS", "VERDICTS", "Measure", "Prediction", "StudyResult", "Verdict"]

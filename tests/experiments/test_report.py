@@ -70,6 +70,15 @@ def test_verdicts_follow_the_paired_difference() -> None:
     assert (v[3].verdict, v[3].diff) == ("held", 0.25)
 
 
+def test_fewer_than_five_seeds_give_no_verdict() -> None:
+    keep = SEEDS[:4]
+    small = _study(per_seed={arm: {m: {s: v for s, v in vals.items() if s in keep} for m, vals in d.items()}
+                             for arm, d in _study().per_seed.items()})  # fmt: skip
+    v = small.verdicts(n_boot=500)
+    assert [x.verdict for x in v] == ["too few seeds"] * 4
+    assert v[0].diff == -1.0 and v[0].n == 4  # the difference is still reported
+
+
 def test_unknown_arm_measure_or_baseline_is_refused() -> None:
     with pytest.raises(ValueError, match="baseline 'nope'"):
         _study(baseline="nope")
