@@ -13,7 +13,8 @@ token-flip diagnostics, which the trainer measures on one mini-batch of each ste
 
 The folder input's default is the environment variable ``CANCELLATION_RUNS_DIR`` when set (the browser
 test points it at a fixture run), else ``runs/`` (the trainer's default ``output_dir`` is ``runs/tiny``).
-The folder may also be one run folder: that run is then the one run offered, under its own name. A new
+The folder may also be one run folder: that run is then the one run offered, under its own name; run
+folders two levels down (a sweep's ``<arm>/seed<k>``, ``experiments/lm.py``) are offered as ``arm/seed<k>``. A new
 folder starts with its first runs picked (a selection never outlives the folder it was made in).
 """
 
@@ -85,18 +86,32 @@ class RunError(ValueError):
     """A run folder whose files cannot be read (the message names the file and what is wrong)."""
 
 
+def _is_run(p: Path) -> bool:
+    return (p / METRICS_FILE).is_file() and (p / CONFIG_FILE).is_file()
+
+
 def find_runs(folder: Path) -> list[Path]:
-    """The run folders in ``folder`` (itself included): directories holding metrics.jsonl and config.yaml."""
-    candidates = [folder, *sorted(p for p in folder.iterdir() if p.is_dir())]
-    return [p for p in candidates if (p / METRICS_FILE).is_file() and (p / CONFIG_FILE).is_file()]
+    """The run folders in ``folder`` (itself included): directories holding metrics.jsonl and config.yaml,
+    one level down, or two levels down inside a sub-folder that is not a run itself (a sweep's
+    ``<arm>/seed<k>`` folders, ``experiments/lm.py``)."""
+    candidates = [folder]
+    for sub in sorted(p for p in folder.iterdir() if p.is_dir()):
+        candidates.append(sub)
+        if not _is_run(sub):
+            candidates += sorted(p for p in sub.iterdir() if p.is_dir())
+    return [p for p in candidates if _is_run(p)]
 
 
 def run_names(folder: Path, found: list[Path]) -> dict[str, Path]:
-    """{name shown in the picker: run folder}: a sub-folder by its name, ``folder`` itself by its own name
-    (``.`` only if a sub-folder has that name too)."""
+    """{name shown in the picker: run folder}: a sub-folder by its path under ``folder`` (``arm/seed0`` two
+    levels down), ``folder`` itself by its own name (``.`` only if a sub-folder has that name too)."""
     own = folder.resolve().name or str(folder.resolve())
-    subs = {p.name for p in found if p != folder}
-    return {(own if own not in subs else ".") if p == folder else p.name: p for p in found}
+    subs = {p.relative_to(folder).as_posix() for p in found if p != folder}
+    names = {}
+    for p in found:
+        name = p.relative_to(folder).as_posix() if p != folder else (own if own not in subs else ".")
+        names[name] = p
+    return names
 
 
 @st.cache_data(show_spinner=False, max_entries=256)

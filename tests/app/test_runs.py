@@ -277,3 +277,16 @@ def test_switching_folders_picks_the_new_folders_runs(runs_dir, tmp_path):
     assert not at.exception
     assert at.sidebar.multiselect(key="runs").options == ["another_run", "dfpo_run", "grpo_run"]
     assert at.sidebar.multiselect(key="runs").value == ["dfpo_run"]
+
+
+def test_run_folders_two_levels_down_are_listed_by_their_path(runs_dir, tmp_path):
+    """A sweep's ``<arm>/seed<k>`` folders (experiments/lm.py) are offered as ``arm/seed<k>``; a run folder
+    one level down is still offered by its name, and nothing inside a run folder is taken for a run."""
+    shutil.copytree(runs_dir / "grpo_run", tmp_path / "grpo" / "seed0")
+    shutil.copytree(runs_dir / "dfpo_run", tmp_path / "dfpo" / "seed1")
+    shutil.copytree(runs_dir / "grpo_run", tmp_path / "single")
+    shutil.copytree(runs_dir / "dfpo_run", tmp_path / "single" / "nested")  # inside a run: not scanned
+    at = _page(tmp_path)
+    assert at.sidebar.multiselect(key="runs").options == ["dfpo/seed1", "grpo/seed0", "single"]
+    final = read_metrics(runs_dir / "dfpo_run")[-1]["reward/mean"]
+    assert _metric(at, "final reward/mean · dfpo/seed1 · dfpo orth_proj") == f"{final:.4f}"
