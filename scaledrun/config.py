@@ -83,8 +83,8 @@ class RunConfig:
 
     # ---- data
     task: str = "arithmetic"
-    """A synthetic task (``arithmetic``, ``arithmetic_words``, ``template``) or a ``.jsonl``/``.json``/
-    ``.parquet`` path (``{split}`` in it reads one file per split). Default: 2-digit addition."""
+    """A synthetic task (``arithmetic``, ``arithmetic_words``, ``template``, ``template_forms``) or a
+    ``.jsonl``/``.json``/``.parquet`` path (``{split}`` in it reads one file per split). Default: 2-digit addition."""
     prompt_field: str = "prompt"
     """The prompt column of a task file."""
     answer_field: str = "answer"
@@ -115,7 +115,8 @@ class RunConfig:
     prompts_per_step: int = 4
     """Prompts (groups) per training step and process."""
     max_new_tokens: int = 16
-    """Completion length limit. 16 covers the arithmetic answers; the template task needs ~48."""
+    """Completion length limit. 16 covers the arithmetic answers; the template task needs ~48 and
+    ``template_forms`` 40 (its longest 2-digit form is 35 tokens + EOS with the tiny tokenizer)."""
     temperature: float = 1.0
     """Sampling temperature T of the rollouts. The old, reference and current log-probs and the entropy
     are computed from logits / T, i.e. of the policy that sampled (as TRL and verl do). 1.0: π_θ itself."""

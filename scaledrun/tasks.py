@@ -6,8 +6,16 @@ Built-in synthetic tasks (``TASKS``), all with the integer result as the gold an
 - ``arithmetic_words``: the same problems with the operands written in words
   (``What is thirty-seven plus forty-five?``), the answer still the integer in digits;
 - ``template``: the same problems, but the reference completion is a longer answer template
-  (``Let me compute 37 + 45. The result of 37 + 45 is 82. The answer is 82.``), so the completions
-  of a group share many template tokens (the setting where cancellation matters, DFPO Sec. 3).
+  (``Let me compute 37 + 45. The sum of 37 and 45 is 82. The answer is 82.``), so the completions
+  of a group share many template tokens (the setting where cancellation matters, DFPO Sec. 3);
+- ``template_forms``: the ``template`` prompts with two equally correct reference completions
+  (``Task.forms``) that share the template's prefix and suffix and differ in one middle clause:
+  ``Let me compute 37 + 45. The sum of 37 and 45 is 82. The answer is 82.`` and
+  ``Let me compute 37 + 45. Adding 37 and 45 gives 82. The answer is 82.`` (subtraction:
+  ``The difference of 73 and 45 is 28.`` / ``Subtracting 45 from 73 gives 28.``). ``exact_match`` gives
+  both reward 1, so how a policy splits its mass between them (the equivalent-solution entropy, the
+  trainer's ``eval/form_entropy``) is measurable; which form is the ``solution`` (form 0) carries no
+  meaning, and the tiny model's warm start trains on both forms of every problem equally.
 
 Splits: a problem belongs to the eval split when ``crc32("a op b") % 5 == 0`` and to the train split
 otherwise, so train and eval are disjoint for every seed; the seed only decides which problems of
@@ -43,12 +51,20 @@ class Task:
 
     ``prompt``: the user message (before the chat template); ``answer``: the gold answer the reward
     compares with; ``solution``: a reference completion (the supervised warm start's target; equal to
-    ``answer`` except for the ``template`` task, where it is the full answer template).
+    ``answer`` except for the ``template`` tasks, where it is the full answer template); ``forms``: every
+    equally correct reference completion (``solution`` first) when a task has several surface forms of
+    the same answer (``template_forms``), empty otherwise (then ``solution`` is the only one).
     """
 
     prompt: str
     answer: str
     solution: str
+    forms: tuple[str, ...] = ()
+
+    @property
+    def references(self) -> tuple[str, ...]:
+        """The reference completions: ``forms`` if given, else ``(solution,)``."""
+        return self.forms or (self.solution,)
 
 
 # --------------------------------------------------------------------------------------------
@@ -114,11 +130,24 @@ def _template(a: int, op: str, b: int) -> Task:
     return Task(prompt, ans, solution)
 
 
+def _template_forms(a: int, op: str, b: int) -> Task:
+    ans = str(_result(a, op, b))
+    head, tail = f"Let me compute {a} {op} {b}.", f"The answer is {ans}."
+    if op == "+":
+        middles = (f"The sum of {a} and {b} is {ans}.", f"Adding {a} and {b} gives {ans}.")
+    else:
+        middles = (f"The difference of {a} and {b} is {ans}.", f"Subtracting {b} from {a} gives {ans}.")
+    forms = tuple(f"{head} {m} {tail}" for m in middles)
+    prompt = f"Compute {a} {op} {b}. Explain briefly and end with 'The answer is N.'"
+    return Task(prompt, ans, forms[0], forms)
+
+
 #: Synthetic task name → builder of one Task from (a, op, b).
 TASKS: dict[str, Callable[[int, str, int], Task]] = {
     "arithmetic": _arithmetic,
     "arithmetic_words": _arithmetic_words,
     "template": _template,
+    "template_forms": _template_forms,
 }
 
 

@@ -2,6 +2,8 @@
 
     python -m scaledrun.tiny --out artifacts/tiny-qwen3                      # 2-digit addition, warm start (300 steps)
     python -m scaledrun.tiny --out /tmp/tiny --task template --warm-start-steps 0
+    python -m scaledrun.tiny --out artifacts/tiny-forms --task template_forms \
+        --warm-start-steps 700 --stop-at-accuracy 0.4                        # two answer forms, ~0.4 greedy
 
 The tokenizer is a byte-level BPE trained with ``tokenizers`` on the task's text (digits split one
 per token, so numbers are digit sequences), with the special tokens ``<|im_start|>``, ``<|im_end|>``
@@ -11,9 +13,10 @@ per token, so numbers are digit sequences), with the special tokens ``<|im_start
 load back through ``AutoTokenizer`` / ``AutoModelForCausalLM.from_pretrained``, the path real runs use.
 
 The optional warm start is supervised teacher forcing on (chat-formatted prompt, solution + EOS)
-pairs of the train split, loss on the completion tokens only, AdamW, so RL later starts from a
-non-zero success rate. ``warm_start.json`` in the folder records the loss curve and the greedy
-accuracy on held-out prompts before and after.
+pairs of the train split (every form of a multi-form task, equally often), loss on the completion
+tokens only, AdamW, so RL later starts from a non-zero success rate; ``--stop-at-accuracy`` ends it
+once a probe of unseen train-split problems reaches a greedy accuracy. ``warm_start.json`` in the
+folder records the loss curve and the greedy accuracy on held-out prompts before and after.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import argparse
 import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +49,24 @@ CHAT_TEMPLATE = (
 #: with an earlier tokenizer build) and ~0.28 sampled (temperature 1) success, so RL
 #: starts with both successes and failures in most groups and has room to rise.
 DEFAULT_WARM_START_STEPS = 300
+#: Warm start of the ``template_forms`` model (2-digit addition): at most ``FORMS_WARM_START_STEPS`` steps,
+#: stopped at the first check (every 10 steps) where greedy accuracy on ``NUM_PROBE`` unseen train-split
+#: problems reaches ``FORMS_STOP_ACCURACY``: ``python -m scaledrun.tiny --out DIR --task template_forms
+#: --warm-start-steps 700 --stop-at-accuracy 0.4``. Measured (seeds 0 / 1 / 2, default threads): stopped
+#: at 410 / 330 / 270 steps; greedy accuracy on the 100 held-out prompts 0.41 / 0.38 / 0.42, sampled
+#: (T = 1) 0.25 / 0.22 / 0.20; equivalent-solution entropy 0.64 / 0.65 / 0.66 nats at T = 1 (ln 2 = 0.69:
+#: both forms comparable); 19-58 s on 2 uncontended cores (200-700 s when other jobs oversubscribe them).
+#: A fixed step count does not calibrate this model: its accuracy jumps from ~0.1 to ~0.8 within ~100
+#: steps, at a step that moves with the seed and even with the CPU thread count. 550 fixed steps gave
+#: 0.58 / 0.53 / 0.85 / 0.85 (seeds 0-3, 1 thread) but 0.25 / 0.62 (seeds 0 / 1, 2 threads); 500 gave
+#: 0.26 / 0.19 / 0.73 and 525 0.42 / 0.75 / 0.83 (seeds 0-2, 1 thread). Stopping at 0.5 overshot (0.63).
+FORMS_WARM_START_STEPS = 700
+#: See ``FORMS_WARM_START_STEPS``.
+FORMS_STOP_ACCURACY = 0.4
+#: Train-split problems (not trained on) whose greedy accuracy ``--stop-at-accuracy`` checks.
+NUM_PROBE = 100
+#: Warm-start steps between two ``--stop-at-accuracy`` checks.
+STOP_CHECK_EVERY = 10
 #: The model's shape (Qwen3Config fields).
 MODEL_SHAPE = {
     "hidden_size": 64,
@@ -93,7 +115,7 @@ def _tokenizer_corpus(task: str, seed: int) -> list[str]:
     texts: list[str] = ["system", "user", "assistant", "\n"]
     for split in ("train", "eval"):
         for t in load_task(task, split, 1000 if split == "train" else 250, seed=seed):
-            texts += [t.prompt, t.solution]
+            texts += [t.prompt, *t.references]  # every form of a multi-form task
     return texts
 
 
@@ -113,13 +135,19 @@ def make_model(vocab_size: int, pad_id: int, eos_id: int, seed: int) -> Any:
 
 
 def _sft_batch(tokenizer: Any, tasks: list[Task]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(input_ids, attention_mask, labels) right-padded; labels −100 outside the completion tokens."""
+    """(input_ids, attention_mask, labels) right-padded; labels −100 outside the completion tokens.
+
+    One row per (task, reference completion): a task with ``forms`` gives one row per form, in order
+    (so every problem of ``template_forms`` is seen in both forms equally often); otherwise one row,
+    its ``solution``.
+    """
     rows, labels = [], []
     for t in tasks:
         p = tokenizer(format_prompt(tokenizer, t.prompt), add_special_tokens=False)["input_ids"]
-        c = tokenizer(t.solution + EOS_TOKEN, add_special_tokens=False)["input_ids"]
-        rows.append(p + c)
-        labels.append([-100] * len(p) + c)
+        for ref in t.references:
+            c = tokenizer(ref + EOS_TOKEN, add_special_tokens=False)["input_ids"]
+            rows.append(p + c)
+            labels.append([-100] * len(p) + c)
     width = max(map(len, rows))
     pad = tokenizer.pad_token_id
     ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
@@ -158,11 +186,19 @@ def warm_start(
     seed: int = 0,
     batch_size: int = 64,
     lr: float = 3e-3,
+    *,
+    stop: Callable[[int], bool] | None = None,
+    check_every: int = 10,
 ) -> list[float]:
     """Supervised teacher forcing on (prompt, solution + EOS), loss on completion tokens; the loss per step.
 
-    AdamW (lr, weight decay 0.01) with a cosine decay to 0.1·lr and 5% warm-up; batches are drawn
-    with a generator seeded by ``seed``.
+    ``stop(step)``, when given, is called after every ``check_every``-th step (before the last): the warm
+    start ends there when it returns True (the LR schedule is still the one of ``steps`` steps).
+
+    A task with several ``forms`` contributes one (prompt, form + EOS) row per form (``_sft_batch``), so
+    the rows hold every form of every problem equally often. AdamW (lr, weight decay 0.01) with a cosine
+    decay to 0.1·lr and 5% warm-up; batches of ``batch_size`` rows are drawn uniformly with a generator
+    seeded by ``seed``.
     """
     ids, att, lab = _sft_batch(tokenizer, tasks)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
@@ -177,8 +213,8 @@ def warm_start(
     gen = torch.Generator().manual_seed(seed)
     losses: list[float] = []
     model.train()
-    for _ in range(steps):
-        idx = torch.randint(len(tasks), (batch_size,), generator=gen)
+    for step in range(1, steps + 1):
+        idx = torch.randint(len(ids), (batch_size,), generator=gen)
         loss = model(input_ids=ids[idx], attention_mask=att[idx], labels=lab[idx]).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -186,6 +222,10 @@ def warm_start(
         opt.step()
         sched.step()
         losses.append(loss.item())
+        if stop is not None and step % check_every == 0 and step < steps:
+            if stop(step):
+                break
+            model.train()  # the check may have switched to eval mode
     model.eval()
     return losses
 
@@ -199,31 +239,58 @@ def build_tiny(
     digits: int = 2,
     ops: str = "+",
     num_eval: int = 100,
+    stop_accuracy: float | None = None,
 ) -> Path:
     """Build, optionally warm-start, and save the tiny model and tokenizer in ``out_dir``; return it.
 
+    ``stop_accuracy``: end the warm start at the first check (every ``STOP_CHECK_EVERY`` steps) where
+    the greedy accuracy on ``NUM_PROBE`` train-split problems that the warm start does not train on
+    reaches it; ``warm_start_steps`` is then the most steps (and the LR schedule's length). The step
+    count at which the tiny model's accuracy jumps varies with the seed and even the CPU thread count
+    (see ``FORMS_WARM_START_STEPS``), so this lands in a target accuracy band where a fixed count may not.
+
     ``warm_start.json`` records the settings, the loss of every warm-start step, the greedy accuracy
-    on ``num_eval`` held-out prompts before and after, the parameter count and the seconds it took.
+    on ``num_eval`` held-out prompts before and after, the probe checks (with ``stop_accuracy``), the
+    parameter count and the seconds it took.
     """
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r} for the tiny model; valid: {', '.join(TASKS)}")
     if warm_start_steps < 0:
         raise ValueError(f"`warm_start_steps` must be ≥ 0, got {warm_start_steps}")
+    if stop_accuracy is not None and not (0.0 < stop_accuracy <= 1.0 and warm_start_steps > 0):
+        raise ValueError(
+            f"`stop_accuracy` must be in (0, 1] and needs `warm_start_steps` > 0 (its maximum), got "
+            f"stop_accuracy={stop_accuracy}, warm_start_steps={warm_start_steps}"
+        )
     t0 = time.perf_counter()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = train_tokenizer(_tokenizer_corpus(task, seed))
     model = make_model(len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, seed)
     train = load_task(task, "train", 2000, seed=seed, digits=digits, ops=ops)
+    probe: list[Task] = []
+    if stop_accuracy is not None:  # the next NUM_PROBE problems of the same train stream: not trained on
+        probe = load_task(task, "train", 2000 + NUM_PROBE, seed=seed, digits=digits, ops=ops)[2000:]
     held_out = load_task(task, "eval", num_eval, seed=seed, digits=digits, ops=ops)
-    max_new = max(len(tokenizer(t.solution)["input_ids"]) for t in held_out) + 2
+    max_new = max(len(tokenizer(r)["input_ids"]) for t in held_out for r in t.references) + 2
     record: dict[str, Any] = {
         "task": task, "digits": digits, "ops": ops, "seed": seed, "warm_start_steps": warm_start_steps,
         "num_parameters": sum(p.numel() for p in model.parameters()), "vocab_size": len(tokenizer),
     }  # fmt: skip
     if warm_start_steps > 0:
         record["accuracy_before"] = greedy_accuracy(model, tokenizer, held_out, max_new)
-        record["losses"] = warm_start(model, tokenizer, train, warm_start_steps, seed=seed)
+        stop = None
+        if stop_accuracy is not None:
+            checks: list[list[float]] = []
+            record["stop_accuracy"], record["probe_checks"] = stop_accuracy, checks
+
+            def stop(step: int) -> bool:
+                checks.append([step, greedy_accuracy(model, tokenizer, probe, max_new)])
+                return checks[-1][1] >= stop_accuracy
+
+        record["losses"] = warm_start(
+            model, tokenizer, train, warm_start_steps, seed=seed, stop=stop, check_every=STOP_CHECK_EVERY
+        )
         record["accuracy_after"] = greedy_accuracy(model, tokenizer, held_out, max_new)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -246,15 +313,26 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--digits", type=int, default=2)
     ap.add_argument("--ops", default="+")
+    ap.add_argument(
+        "--stop-at-accuracy",
+        type=float,
+        default=None,
+        help=f"end the warm start at the first check (every {STOP_CHECK_EVERY} steps) where greedy accuracy on "
+        f"{NUM_PROBE} train-split problems it does not train on reaches this; --warm-start-steps is then the "
+        "maximum (e.g. --task template_forms --warm-start-steps 700 --stop-at-accuracy 0.4)",
+    )
     args = ap.parse_args(argv)
-    out = build_tiny(args.out, args.task, args.seed, args.warm_start_steps, digits=args.digits, ops=args.ops)
+    out = build_tiny(
+        args.out, args.task, args.seed, args.warm_start_steps, digits=args.digits, ops=args.ops,
+        stop_accuracy=args.stop_at_accuracy,
+    )  # fmt: skip
     rec = json.loads((out / "warm_start.json").read_text())
     print(
         f"saved {out} ({rec['num_parameters']:,} parameters, vocab {rec['vocab_size']}) in {rec['seconds']:.1f} s"
     )
     if "losses" in rec:
         print(
-            f"warm start {args.warm_start_steps} steps: loss {rec['losses'][0]:.3f} -> {rec['losses'][-1]:.3f}, "
+            f"warm start {len(rec['losses'])} steps: loss {rec['losses'][0]:.3f} -> {rec['losses'][-1]:.3f}, "
             f"greedy accuracy on held-out prompts {rec['accuracy_before']:.2f} -> {rec['accuracy_after']:.2f}"
         )
 

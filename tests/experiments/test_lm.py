@@ -208,3 +208,24 @@ def test_the_model_is_never_rebuilt_silently(tmp_path):
     with pytest.raises(ValueError, match=str(folder)) as err:
         ensure_model(folder, warm_start_steps=6, progress=None)
     assert "warm_start_steps: 5 there, 6 here" in str(err.value)
+
+
+def test_the_smallest_slice_end_to_end(sweep, tmp_path):
+    """The quick mode's smallest slice, run → save → report: a toy study and this sweep's studies become
+    one REPORT.md through the command's ``--report-only`` path; 1-2 seeds give no verdict."""
+    from experiments.__main__ import main
+    from experiments.toy import run_study
+
+    _, studies, _ = sweep
+    out = tmp_path / "results"
+    toy = run_study("toy_main", seeds=2, sim_seeds=2, steps=12, metric_seeds=1, progress=None)
+    for study in [toy, *studies]:
+        study.save(out / f"{study.name}.json")
+    report = tmp_path / "REPORT.md"
+    assert main(["--report-only", "--out", str(out), "--report", str(report), "--no-png"]) == 0
+    text = report.read_text()
+    for study in [toy, *studies]:
+        assert f"## {study.title}" in text
+    assert text.index(f"## {toy.title}") < text.index(f"## {studies[0].title}")  # toy studies first
+    assert "· too few seeds" in text and "✅ held" not in text and "❌ contradicted" not in text
+    assert (tmp_path / "figures" / f"{studies[0].name}_{next(iter(studies[0].curves))}.html").exists()
