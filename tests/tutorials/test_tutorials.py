@@ -124,6 +124,32 @@ WRONG_ANSWERS: dict[str, list[tuple[str, str]]] = {
         ),
         ("def my_pi_for_90_percent(alpha):\n    return 0.9\n", "wrong value"),
     ],
+    "08_from_toy_to_lm": [
+        (  # every position of the completions, not only the common prefix
+            "def my_shared_prefix_net(coef, tokens, mask):\n    return coef.sum(0)\n",
+            "wrong shape",
+        ),
+        (  # the mean over the completions instead of the net (sum)
+            "def my_shared_prefix_net(coef, tokens, mask):\n"
+            "    agree = ((tokens == tokens[0]) & mask.bool()).all(0)\n"
+            "    return coef[:, agree.long().cumprod(0).bool()].mean(0)\n",
+            "wrong value",
+        ),
+        (  # inf − inf is NaN: two never-reached seeds are lost instead of tied
+            "def my_sign_counts(arm, baseline):\n"
+            "    d = [arm[s] - baseline[s] for s in arm]\n"
+            "    return sum(x > 0 for x in d), sum(x < 0 for x in d), sum(x == 0 for x in d)\n",
+            "wrong value — the counts",
+        ),
+        (  # paired by position, not by seed
+            "def my_sign_counts(arm, baseline):\n"
+            "    pairs = list(zip(arm.values(), baseline.values()))\n"
+            "    larger = sum(a > b for a, b in pairs)\n"
+            "    smaller = sum(a < b for a, b in pairs)\n"
+            "    return larger, smaller, len(pairs) - larger - smaller\n",
+            "wrong value — the counts",
+        ),
+    ],
 }
 
 #: After the learner's run: remember the namespace and RNG states the exercise section started from.
