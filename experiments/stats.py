@@ -350,13 +350,16 @@ def paired_difference(
             raise ValueError(f"aligned arrays must have one value per seed each; got {a.size} and {b.size}")
         seeds = list(range(a.size))
     keep = _drop_nan("arm", a, nan_policy) & _drop_nan("baseline", b, nan_policy)
-    a, _ = _censor("arm", a[keep], horizon)
-    b, _ = _censor("baseline", b[keep], horizon)
+    a_raw, b_raw = a[keep], b[keep]
+    a, _ = _censor("arm", a_raw, horizon)
+    b, _ = _censor("baseline", b_raw, horizon)
     seeds = [s for s, k in zip(seeds, keep, strict=True) if k]
     n_dropped = int((~keep).sum())
     d = a - b
     n = int(d.size)
-    n_pos, n_neg = int((d > 0).sum()), int((d < 0).sum())
+    # signs from the uncensored values: a seed that reached (even exactly at the horizon) is faster than one
+    # that never did (+inf), and two never-reached seeds tie
+    n_pos, n_neg = int((a_raw > b_raw).sum()), int((a_raw < b_raw).sum())
     n_ties = n - n_pos - n_neg
     sign_p = sign_test(n_pos, n_neg)
     if n == 0:

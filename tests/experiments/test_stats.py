@@ -370,3 +370,16 @@ def test_fmt_p():
 
 def test_bootstrap_ci_result_type():
     assert isinstance(bootstrap_ci([1.0, 2.0], n_boot=10), BootstrapCI)
+
+
+def test_reached_at_the_horizon_beats_never_reached_in_the_sign_test() -> None:
+    """A seed that reached exactly at the horizon ties with a censored one in the restricted mean (both count
+    as the horizon) but is known to be faster: the sign test counts it."""
+    from experiments.stats import paired_difference, sign_test
+
+    arm = {0: 20.0, 1: math.inf, 2: 5.0}
+    base = {0: math.inf, 1: math.inf, 2: 7.0}
+    pd = paired_difference(arm, base, horizon=20.0, n_boot=200)
+    assert (pd.n_pos, pd.n_neg, pd.n_ties) == (0, 2, 1)
+    assert pd.sign_p == sign_test(0, 2) == 0.5
+    assert pd.mean == -2.0 / 3  # restricted means: (0 + 0 - 2) / 3
