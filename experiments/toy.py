@@ -928,6 +928,14 @@ _EPS_PREDICTIONS = (
        "equiv_entropy_final", "grpo_clip_higher", "grpo", "higher"),
     _p("DFPO reaches E[R] ≥ 0.9 sooner than GSPO at the paper's ε", _T2, "steps_to_threshold", "dfpo", "gspo",
        "lower"),
+    _p("With bigger steps, DFPO pays less learning tax (template KL at matched reward) than the eq. 86 control "
+       "at the paper's ε (credit to the transform)", f"{DFPO}, App. G; {REVIEW}", "template_kl_at_threshold",
+       "dfpo", "gspo_eq86", "lower"),
+    _p("With bigger steps, DFPO pays less learning tax than the eq. 86 control at ε 0.2 (credit to the "
+       "transform)", f"{DFPO}, App. G; {REVIEW}", "template_kl_at_threshold", "dfpo_wide", "gspo_eq86_wide",
+       "lower"),
+    _p("With bigger steps, DFPO reaches E[R] ≥ 0.9 sooner than the eq. 86 control at ε 0.2 (credit to the "
+       "transform)", f"{_T2}; {REVIEW}", "steps_to_threshold", "dfpo_wide", "gspo_eq86_wide", "lower"),
 )  # fmt: skip
 _EPS_NOTES = (
     "Bigger steps than the other toy studies (lr 1.0, 8 inner epochs; every arm), so that ratios leave 1 "
