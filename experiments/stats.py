@@ -411,7 +411,9 @@ def summarize_arms(
     or a mapping seed -> value, as in ``paired_difference``; all arms must use the same seeds). Rows are
     grouped by measure (``measures``, default: the order in which measures first appear), arms in the
     order of ``per_seed``. ``horizons[measure]`` marks a censored measure (``+inf`` = never reached) and
-    gives its run length; its rows carry ``n_reached``. An arm without a measure gets a row with
+    gives its run length; its rows carry ``n_reached``. An arm given as a mapping on fewer (or other) seeds
+    than the baseline is paired on the seeds both have (``n_pairs`` says how many; its own mean and CI use
+    all its seeds). An arm without a measure gets a row with
     ``n == 0`` and ``None`` values. The baseline's own rows have no difference. Every bootstrap uses
     ``seed``, so the table is reproducible.
     """
@@ -445,7 +447,12 @@ def summarize_arms(
                 "level": level,
             }
             if baseline is not None and arm != baseline and base_values is not None and ci.n > 0:
-                pd = paired_difference(values, base_values, horizon=horizon, **kw)
+                a, b = values, base_values
+                if isinstance(a, Mapping) and isinstance(b, Mapping) and set(a) != set(b):
+                    # an arm run on fewer seeds (an ablation) pairs on the seeds both have
+                    common = [s for s in b if s in a]
+                    a, b = {s: a[s] for s in common}, {s: b[s] for s in common}
+                pd = paired_difference(a, b, horizon=horizon, **kw)
                 if pd.n > 0:
                     row.update(
                         diff=_none_if_nan(pd.mean),

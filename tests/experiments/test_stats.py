@@ -383,3 +383,16 @@ def test_reached_at_the_horizon_beats_never_reached_in_the_sign_test() -> None:
     assert (pd.n_pos, pd.n_neg, pd.n_ties) == (0, 2, 1)
     assert pd.sign_p == sign_test(0, 2) == 0.5
     assert pd.mean == -2.0 / 3  # restricted means: (0 + 0 - 2) / 3
+
+
+def test_an_arm_on_fewer_seeds_pairs_on_the_common_ones() -> None:
+    from experiments.stats import summarize_arms
+
+    rows = summarize_arms(
+        {"base": {"m": {0: 1.0, 1: 2.0, 2: 3.0, 3: 10.0}}, "abl": {"m": {0: 2.0, 1: 4.0, 2: 3.0}}},
+        "base",
+        n_boot=200,
+    )
+    abl = next(r for r in rows if r.arm == "abl")
+    assert abl.n == 3 and abl.n_pairs == 3
+    assert abl.diff == (1.0 + 2.0 + 0.0) / 3  # seed 3 has no partner
