@@ -54,25 +54,26 @@ def _values_by_label(study: StudyResult) -> tuple[dict[str, dict[str, dict[str, 
 
 
 def compact_table(study: StudyResult, *, n_boot: int = N_BOOT) -> str:
-    """One row per arm, one column per measure: ``mean [CI]`` (censored: ``k/n reached`` added)."""
+    """One row per measure, one column per arm: ``mean [CI]`` (censored: ``k/n`` seeds reached added)."""
     per_seed, horizons = _values_by_label(study)
     rows = summarize_arms(
         per_seed, None, n_boot=n_boot, horizons=horizons, measures=[m.label for m in study.measures]
     )
     cell = {(r.arm, r.measure): r for r in rows}
-    header = ["arm", "seeds", *[_arrow(m.label, m.better) for m in study.measures]]
-    lines = ["| " + " | ".join(header) + " |", "|---|---:|" + "---:|" * len(study.measures)]
-    for arm, desc in study.arms.items():
-        seeds = max((r.n for (a, _), r in cell.items() if a == arm), default=0)
-        cells = [f"{desc.get('label', arm)}", str(seeds)]
-        for m in study.measures:
+    arms = list(study.arms)
+    seeds = {arm: max((r.n for (a, _), r in cell.items() if a == arm), default=0) for arm in arms}
+    header = ["measure", *[f"{study.arms[a].get('label', a)} (n={seeds[a]})" for a in arms]]
+    lines = ["| " + " | ".join(h.replace("|", "\\|") for h in header) + " |", "|---|" + "---:|" * len(arms)]
+    for m in study.measures:
+        cells = [_arrow(m.label, m.better)]
+        for arm in arms:
             r = cell.get((arm, m.label))
             if r is None or r.n == 0:
                 cells.append("n/a")
                 continue
             text = f"{fmt_value(r.mean)} {_fmt_ci(r.ci_low, r.ci_high)}"
             if r.n_reached is not None:
-                text += f" ({r.n_reached}/{r.n} reached)"
+                text += f" ({r.n_reached}/{r.n})"
             cells.append(text)
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines) + "\n"
@@ -287,7 +288,10 @@ def write_report(
             f"**Question.** {study.question}\n",
             f"**Setting.** {study.setting}\n",
         ]
-        parts.append("**Results** (mean and 95 % bootstrap CI over seeds; ↓/↑: which way is better):\n")
+        parts.append(
+            "**Results** (mean and 95 % bootstrap CI over seeds; ↓/↑: which way is better; (k/n): seeds that "
+            "reached the threshold):\n"
+        )
         parts.append(compact_table(study, n_boot=n_boot))
         if verdicts:
             parts.append("**Predictions** (paired by seed: arm − baseline):\n")

@@ -102,11 +102,15 @@ def test_json_round_trip_keeps_inf_and_nan(tmp_path) -> None:
 
 def test_compact_table_means_by_hand() -> None:
     table = compact_table(_study(), n_boot=500)
-    rows = {line.split("|")[1].strip(): line for line in table.splitlines()[2:]}
-    assert "5.5 [" in rows["Base"]  # mean of 2..9
-    assert "4.5 [" in rows["Fast"] and "(8/8 reached)" in rows["Fast"]
-    assert "(7/8 reached)" in rows["Noisy"]
-    assert "0.75 [0.75, 0.75]" in rows["Fast"]
+    lines = table.splitlines()
+    assert lines[0] == "| measure | Base (n=8) | Fast (n=8) | Noisy (n=8) |"
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in lines[2:]}
+    base, fast, noisy = rows["steps to threshold ↓"]
+    assert (
+        base.startswith("5.5 [") and fast.startswith("4.5 [") and fast.endswith("(8/8)")
+    )  # means of 2..9, 1..8
+    assert noisy.endswith("(7/8)")
+    assert rows["final reward ↑"][1] == "0.75 [0.75, 0.75]"
 
 
 def test_report_files_and_cli_report_only(tmp_path) -> None:
