@@ -116,6 +116,11 @@ def classify(cmd: Command) -> str | None:
         return MAKE_SKIP_REASON
     if a[0] in PYTHONS and cmd.program in BUDGET:
         return None
+    if a[0] in PYTHONS and cmd.program == "experiments":
+        return (
+            "runs the studies (minutes even in --quick); tests/experiments runs their smallest slice end to "
+            "end, through this command's --report-only path"
+        )
     if a[:2] == ("accelerate", "launch") and cmd.trainer_args():
         if "--preset" in cmd.trainer_args():
             return "a --preset names a hub model (a download and GPUs)"
