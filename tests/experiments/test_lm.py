@@ -203,11 +203,15 @@ def test_the_model_is_never_rebuilt_silently(tmp_path):
     folder.mkdir()
     record = {"task": "template_forms", "seed": 0, "digits": 2, "ops": "+", "warm_start_steps": 5}
     (folder / "warm_start.json").write_text(json.dumps(record))
-    assert ensure_model(folder, warm_start_steps=5, progress=None) == folder  # the same settings: reused
+    same = ensure_model(folder, warm_start_steps=5, stop_accuracy=None, progress=None)
+    assert same == folder  # the same settings: reused
     assert sorted(p.name for p in folder.iterdir()) == ["warm_start.json"]  # nothing was built
     with pytest.raises(ValueError, match=str(folder)) as err:
-        ensure_model(folder, warm_start_steps=6, progress=None)
+        ensure_model(folder, warm_start_steps=6, stop_accuracy=None, progress=None)
     assert "warm_start_steps: 5 there, 6 here" in str(err.value)
+    with pytest.raises(ValueError, match=str(folder)) as err:
+        ensure_model(folder, warm_start_steps=5, stop_accuracy=0.4, progress=None)  # the default stop
+    assert "stop_accuracy: None there, 0.4 here" in str(err.value)
 
 
 def test_the_smallest_slice_end_to_end(sweep, tmp_path):
