@@ -87,7 +87,7 @@ import yaml
 from cancellation.diagnostics import jitter2
 from scaledrun import tiny as _tiny
 
-from .study import Measure, Prediction, StudyResult
+from .study import CANCEL, DFPO, REVIEW, Measure, Prediction, StudyResult
 
 REPO = Path(__file__).resolve().parents[1]
 #: The sweep's base config (every run: this file, then the arm's overrides, then the sweep's own).
@@ -115,13 +115,6 @@ DEFAULT_JOBS = 2
 #: The run folder's log of every sweep attempt (stdout and stderr of the trainer).
 LOG_FILE = "sweep.log"
 _IMPORT_LOCK = threading.Lock()
-
-# --------------------------------------------------------------------------------------------------
-# sources
-
-DFPO = "DFPO, 'Design Conditions for Intra-Group Learning of Sequence-Level Rewards' (arXiv 2604.13088)"
-REVIEW = "public review of DFPO (arXiv 2604.13088): the controlled ablation against the same estimator"
-CANCEL = "'The Cancellation Hypothesis in Critic-Free RL' (002)"
 
 # --------------------------------------------------------------------------------------------------
 # arms
@@ -579,8 +572,7 @@ _CTRL = f"{REVIEW}; {DFPO}, App. K eq. 86"
 _CAN = f"{DFPO}, Sec. 4.4 (eq. 17-18); App. B"
 
 
-def _p(claim: str, source: str, measure: str, arm: str, baseline: str, direction: str) -> Prediction:
-    return Prediction(claim, source, measure, arm, baseline, direction)
+_p = Prediction  # (claim, source, measure, arm, baseline, direction), positionally
 
 
 MAIN_PREDICTIONS = (

@@ -39,6 +39,18 @@ VERDICTS = ("held", "contradicted", "not resolved", "too few seeds", "not measur
 MIN_SEEDS = 5
 
 
+# sources the studies cite (by title and arXiv id, as the project's paper table does)
+#: "Design Conditions for Intra-Group Learning of Sequence-Level Rewards: Token Gradient Cancellation".
+DFPO = "DFPO, 'Design Conditions for Intra-Group Learning of Sequence-Level Rewards' (arXiv 2604.13088)"
+#: The public review of DFPO: does the gain come from restored cancellation, or from smaller steps?
+REVIEW = "public review of DFPO (arXiv 2604.13088): the controlled ablation against the same estimator"
+#: "The Cancellation Hypothesis in Critic-Free RL: From Outcome Rewards to Token Credits" (the project's 002).
+CANCEL = "'The Cancellation Hypothesis in Critic-Free RL' (002)"
+#: "Do Not Let Low-Probability Tokens Over-Dominate in RL for LLMs".
+LOPTI = "Lopti, 'Do Not Let Low-Probability Tokens Over-Dominate in RL for LLMs' (arXiv 2505.12929)"
+DAPO = "DAPO (arXiv 2503.14476)"
+
+
 @dataclass(frozen=True)
 class Measure:
     """A per-seed measure: ``key`` in ``StudyResult.per_seed``, a label for tables, which way is better
@@ -287,4 +299,17 @@ def _json_clean(x: Any, digits: int) -> Any:
     return x
 
 
-__all__ = ["DIRECTIONS", "MIN_SEEDS", "VERDICTS", "Measure", "Prediction", "StudyResult", "Verdict"]
+__all__ = [
+    "CANCEL",
+    "DAPO",
+    "DFPO",
+    "DIRECTIONS",
+    "LOPTI",
+    "MIN_SEEDS",
+    "REVIEW",
+    "VERDICTS",
+    "Measure",
+    "Prediction",
+    "StudyResult",
+    "Verdict",
+]

@@ -76,7 +76,7 @@ from toymodel import ROW_KEYS, simulate, simulate_seeds
 from toymodel.batched import BATCHED_KEYS
 from toymodel.simulate import DEFAULT_LR
 
-from .study import Measure, Prediction, StudyResult
+from .study import CANCEL, DAPO, DFPO, LOPTI, REVIEW, Measure, Prediction, StudyResult
 
 #: The reward threshold of steps-to-threshold and of "matched reward" (DFPO Table 2's compute-to-threshold).
 THRESHOLD = 0.9
@@ -87,17 +87,8 @@ CURVE_POINTS = 100
 THREADS = 1
 
 # --------------------------------------------------------------------------------------------------
-# sources (as in /work/shared/papers/README.md)
+# sources (the papers' citations are in experiments.study)
 
-#: DFPO: "Design Conditions for Intra-Group Learning of Sequence-Level Rewards: Token Gradient Cancellation".
-DFPO = "DFPO (arXiv 2604.13088)"
-#: The public (Pith) review of DFPO: does the gain come from restored cancellation (its "load-bearing premise")?
-REVIEW = "Pith review of arXiv 2604.13088 (load-bearing premise)"
-#: "The Cancellation Hypothesis in Critic-Free RL: From Outcome Rewards to Token Credits".
-CANCEL = "Cancellation Hypothesis (002)"
-#: "Do Not Let Low-Probability Tokens Over-Dominate in RL for LLMs".
-LOPTI = "Lopti (arXiv 2505.12929)"
-DAPO = "DAPO (arXiv 2503.14476)"
 ISSUE = "Cancellation Lab: the hypothesis of an earlier tabular run (experiments issue)"
 
 #: The measures the toy cannot compute, said in every study's notes.
@@ -560,8 +551,7 @@ WIDE_SEQ = {"epsilon_low": 0.2, "epsilon_high": 0.2}
 WIDE_TOK = {"epsilon_low": 0.4, "epsilon_high": 0.4}
 
 
-def _p(claim: str, source: str, measure: str, arm: str, baseline: str, direction: str) -> Prediction:
-    return Prediction(claim, source, measure, arm, baseline, direction)
+_p = Prediction  # (claim, source, measure, arm, baseline, direction), positionally
 
 
 # ---- toy_main
