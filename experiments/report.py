@@ -26,16 +26,13 @@ from typing import Any
 
 import numpy as np
 
+from app.figures import _rgba, color
+
 from .stats import _fmt_ci, fmt_p, fmt_value, markdown_table, summarize_arms
 from .study import MIN_SEEDS, VERDICTS, StudyResult, Verdict
 
 #: The bootstrap resamples of the report's tables (seeded: the report is reproducible).
 N_BOOT = 4000
-#: Arms' colours in figures, in arm order (plotly's default qualitative palette, extended).
-PALETTE = (
-    "#636EFA", "#EF553B", "#00CC96", "#AB63FA", "#FFA15A", "#19D3F3", "#FF6692", "#B6E880", "#FF97FF",
-    "#FECB52", "#1F77B4", "#8C564B",
-)  # fmt: skip
 VERDICT_MARK = {"held": "✅ held", "contradicted": "❌ contradicted", "not resolved": "➖ not resolved",
                 "too few seeds": "· too few seeds", "not measured": "· not measured"}  # fmt: skip
 
@@ -147,14 +144,14 @@ def curve_figure(study: StudyResult, curve: str) -> Any:
         mean, lo, hi = _band(data["seeds"])
         k = min(len(x), len(mean))
         x, mean, lo, hi = x[:k], mean[:k], lo[:k], hi[:k]
-        color = PALETTE[i % len(PALETTE)]
+        colour = color(i)  # the app's palette: an arm looks the same here and on the Runs page
         label = study.arms[arm].get("label", arm)
         fig.add_trace(
             go.Scatter(
                 x=np.concatenate([x, x[::-1]]),
                 y=np.concatenate([hi, lo[::-1]]),
                 fill="toself",
-                fillcolor=_rgba(color, 0.15),
+                fillcolor=_rgba(colour, 0.15),
                 line={"width": 0},
                 hoverinfo="skip",
                 showlegend=False,
@@ -163,7 +160,7 @@ def curve_figure(study: StudyResult, curve: str) -> Any:
         )
         fig.add_trace(
             go.Scatter(
-                x=x, y=mean, name=f"{label} (n={len(data['seeds'])})", line={"color": color}, legendgroup=arm
+                x=x, y=mean, name=f"{label} (n={len(data['seeds'])})", line={"color": colour}, legendgroup=arm
             )
         )
     fig.update_layout(
@@ -233,11 +230,6 @@ def _signed_scale(v: Verdict, which: str = "diff") -> float:
     different units share one axis; the sign (and so the verdict) is unchanged."""
     scale = max(abs(v.low or 0.0), abs(v.high or 0.0), abs(v.diff or 0.0)) or 1.0
     return float(getattr(v, which) or 0.0) / scale
-
-
-def _rgba(hex_colour: str, alpha: float) -> str:
-    h = hex_colour.lstrip("#")
-    return f"rgba({int(h[0:2], 16)}, {int(h[2:4], 16)}, {int(h[4:6], 16)}, {alpha})"
 
 
 def save_figure(fig: Any, stem: Path, png: bool) -> tuple[Path, Path | None, str | None]:

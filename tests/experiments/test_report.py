@@ -137,3 +137,9 @@ def test_png_figures(tmp_path) -> None:
     png = tmp_path / "figures" / "toy_hand_reward.png"
     assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "figures/toy_hand_reward.png" in path.read_text()
+
+
+def test_cli_refuses_a_job_count_below_one(tmp_path, capsys) -> None:
+    with pytest.raises(SystemExit) as err:
+        main(["--jobs", "0", "--report-only", "--out", str(tmp_path)])
+    assert err.value.code == 2 and "--jobs must be ≥ 1, got 0" in capsys.readouterr().err
