@@ -6,7 +6,7 @@
 
 Each page runs once (the first run: ``st.cache_data`` misses and first imports; torch is imported before
 any timing), then ``--reruns`` more times with the same default inputs; it prints the first-run seconds
-and the median and worst rerun seconds. The goal (issue 3): every page's script run under 0.5 s after
+and the median and worst rerun seconds. The goal: every page's script run under 0.5 s after
 the first. AppTest runs the page script in this process without a browser, so this is the script's own
 time (what a user waits for on the server before the browser draws), not the network or the drawing.
 

@@ -1,4 +1,4 @@
-"""Speed of the batched toy against the one-seed loop, in the same run (issue 11, item 1). Not a test.
+"""Speed of the batched toy against the one-seed loop, in the same run. Not a test.
 
     .venv/bin/python benchmarks/toy_batched_speed.py                  # about 2 minutes on 2 CPU cores
     .venv/bin/python benchmarks/toy_batched_speed.py --objectives dfpo --threads 2

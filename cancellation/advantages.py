@@ -84,7 +84,7 @@ def group_advantages(
 
 
 def reweight_advantages(advantages: Tensor, old_logp: Tensor, alpha: float) -> Tensor:
-    """Advantage Reweighting (Lopti notes, ``004_47ee6b4fd7efa914.txt``): A · [α·π_old + (1 − α)].
+    """Advantage Reweighting (Lopti paper §4.1, eq. 4; arXiv 2505.12929): A · [α·π_old + (1 − α)].
 
     Computed once from the old policy's token probability, for both signs of A, as the public Lopti
     code does (α = 0.2 alone, 0.3 together with Lopti).
@@ -105,5 +105,5 @@ def reweight_advantages(advantages: Tensor, old_logp: Tensor, alpha: float) -> T
     else:
         check_2d("advantages", advantages, tuple(old_logp.shape))
     pi_old = old_logp.detach().exp()
-    # Lopti notes: Â_{i,t} ← [α·π_old(o_{i,t}) + (1 − α)]·Â_{i,t}
+    # Lopti paper §4.1, eq. (4): Â_{i,t} ← [α·π_old(o_{i,t}) + (1 − α)]·Â_{i,t}
     return advantages * (alpha * pi_old + (1.0 - alpha))

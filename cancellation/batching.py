@@ -1,12 +1,13 @@
 """Batch construction that preserves cancellation, and Lopti's token split.
 
-- ``random_split``: the plain random mini-batch split most RL frameworks use (002 Sec. 4), the
-  baseline that query-preserved mini-batching replaces;
-- ``query_preserved_split``: every completion of a prompt lands in the same mini-batch (002 Sec. 4);
+- ``random_split``: the plain random mini-batch split most RL frameworks use (cancellation-hypothesis
+  paper Sec. 4), the baseline that query-preserved mini-batching replaces;
+- ``query_preserved_split``: every completion of a prompt lands in the same mini-batch
+  (cancellation-hypothesis paper Sec. 4);
 - ``split_minibatches``: one entry point for both, chosen by name;
 - ``reward_balanced_select``: pick whole groups from a rollout buffer so that both advantage signs are
-  represented in the update (002 Sec. 4, "reward-balanced batching");
-- ``lopti_masks``: Lopti's low/high-probability token sets (004 notes; Lopti updates the low set first).
+  represented in the update (cancellation-hypothesis paper Sec. 4, "reward-balanced batching");
+- ``lopti_masks``: Lopti's low/high-probability token sets (Lopti paper §4.2; the low set is updated first).
 
 Shapes: ``group`` (B,) integer prompt ids; ``advantages`` (B,); ``old_logp`` and ``mask`` (B, T).
 Index tensors are returned as int64 on the device of the input (CPU for ``random_split``).
@@ -46,8 +47,8 @@ def random_split(
     """A random permutation of ``range(batch_size)`` cut into ``num_minibatches`` parts.
 
     This is the split that query-preserved mini-batching replaces: "most RL frameworks split rollout
-    batches randomly into smaller mini-batches" (002 Sec. 4), which scatters a group's completions over
-    several optimizer steps.
+    batches randomly into smaller mini-batches" (cancellation-hypothesis paper Sec. 4), which scatters a
+    group's completions over several optimizer steps.
 
     Args:
         batch_size: B, the number of completions.
@@ -71,7 +72,7 @@ def random_split(
 def query_preserved_split(
     group: Tensor, num_minibatches: int, generator: torch.Generator | None = None
 ) -> list[Tensor]:
-    """Query-preserved mini-batching (002 Sec. 4): every completion of a group in one mini-batch.
+    """Query-preserved mini-batching (cancellation-hypothesis paper Sec. 4): each group in one mini-batch.
 
     The groups are shuffled with ``generator``, then sorted by size, largest first (a stable sort, so
     equal-size groups keep their shuffled order), and each goes to the mini-batch that is currently
@@ -131,7 +132,7 @@ def split_minibatches(
 
 
 def reward_balanced_select(advantages: Tensor, group: Tensor, rho: float, num_groups: int) -> Tensor | None:
-    """Reward-balanced batching (002 Sec. 4): choose whole groups so both advantage signs are present.
+    """Reward-balanced batching (cancellation-hypothesis paper Sec. 4): whole groups, both advantage signs.
 
     The batch given is a buffer of completed groups in arrival order (a smaller index is older). The
     selection takes exactly ``num_groups`` whole groups such that, over the selected completions,
@@ -195,7 +196,7 @@ def reward_balanced_select(advantages: Tensor, group: Tensor, rho: float, num_gr
         candidates.remove(best)
         chosen.append(best)
         n_pos, n_neg, n_all = n_pos + pos[best], n_neg + neg[best], n_all + size[best]
-    # 002 Sec. 4: N_pos / |B| ≥ ρ and N_neg / |B| ≥ ρ
+    # cancellation-hypothesis paper Sec. 4: N_pos / |B| ≥ ρ and N_neg / |B| ≥ ρ
     if n_pos / n_all < rho or n_neg / n_all < rho:
         return None
     selected = torch.zeros(n, dtype=torch.bool, device=group.device)
@@ -204,7 +205,7 @@ def reward_balanced_select(advantages: Tensor, group: Tensor, rho: float, num_gr
 
 
 def lopti_masks(old_logp: Tensor, mask: Tensor, eta: float) -> tuple[Tensor, Tensor]:
-    """Lopti's token split (004 notes §Lopti): low-probability tokens first, then the rest.
+    """Lopti's token split (Lopti paper §4.2): low-probability tokens first, then the rest.
 
     Args:
         old_logp: (B, T) log π_old of each sampled token.
@@ -222,7 +223,7 @@ def lopti_masks(old_logp: Tensor, mask: Tensor, eta: float) -> tuple[Tensor, Ten
         raise ValueError(f"`eta` must be a probability threshold in (0, 1], got {eta}")
     valid = mask.bool()
     check_finite("old_logp", torch.where(valid, old_logp, torch.zeros_like(old_logp)))
-    # 004 notes (Lopti): low-probability group π_old(o_t) < η, high-probability group π_old(o_t) ≥ η
+    # Lopti paper §4.2: low-probability group π_old(o_t) < η, high-probability group π_old(o_t) ≥ η
     low = valid & (old_logp.exp() < eta)
     high = valid & ~low
     return low, high

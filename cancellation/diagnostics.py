@@ -4,9 +4,12 @@
 - ``prefix_event_keys`` and ``shared_residual``: DFPO's shared context-token events (eq. 71–72) and how
   much of their coefficient mass survives (0: exact cancellation, eq. 2; 1: none);
 - ``jitter2`` (DFPO eq. 20) and ``steps_to_threshold`` (DFPO Table 2): training-curve metrics;
-- ``softmax_grad_norm`` and ``softmax_grad_norm_bounds``: ‖∂log π(y)/∂z‖ and Lopti's bounds (004 §3.1);
-- ``energy_by_bucket``: DFPO eq. (24) with the output-layer gradient proxy of 002 eq. (6–7);
-- ``token_flip_stats``: 002 App. C eq. (16), boosted / suppressed / stable tokens and the flip rate.
+- ``softmax_grad_norm`` and ``softmax_grad_norm_bounds``: ‖∂log π(y)/∂z‖ and Lopti's bounds (Lopti paper
+  §3.1);
+- ``energy_by_bucket``: DFPO eq. (24) with the output-layer gradient proxy of the cancellation-hypothesis
+  paper's eq. (6–7);
+- ``token_flip_stats``: the cancellation-hypothesis paper's App. C eq. (16), boosted / suppressed / stable
+  tokens and the flip rate.
 
 Shapes follow docs/DESIGN.md: ``logp``, ``old_logp``, ``mask``, ``tokens``, ``coef`` (B, T); ``advantages``,
 ``group`` (B,); ``probs`` (B, T, V).
@@ -262,7 +265,7 @@ def steps_to_threshold(
 
 
 def softmax_grad_norm(probs: Tensor, tokens: Tensor) -> Tensor:
-    """‖e_y − π‖₂, the norm of ∂log π(y)/∂z for softmax logits z (004 notes §3.1).
+    """‖e_y − π‖₂, the norm of ∂log π(y)/∂z for softmax logits z (Lopti paper §3.1).
 
     Args:
         probs: (..., V) softmax probabilities π.
@@ -280,13 +283,13 @@ def softmax_grad_norm(probs: Tensor, tokens: Tensor) -> Tensor:
     v = probs.shape[-1]
     if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= v):
         raise ValueError(f"`tokens` holds ids outside [0, V) with V={v}")
-    # 004 notes §3.1: ∂log π(y)/∂z = e_y − π
+    # Lopti paper §3.1: ∂log π(y)/∂z = e_y − π
     diff = (-probs).scatter_add(-1, tokens.long()[..., None], torch.ones_like(probs[..., :1]))
     return torch.linalg.vector_norm(diff, dim=-1)
 
 
 def softmax_grad_norm_bounds(pi: Tensor, vocab_size: int) -> tuple[Tensor, Tensor]:
-    """Lopti's bounds on ‖∂log π(y)/∂z‖ in terms of π = π(y) alone (004 notes §3.1).
+    """Lopti's bounds on ‖∂log π(y)/∂z‖ in terms of π = π(y) alone (Lopti paper §3.1).
 
     ‖e_y − π‖² = (1 − π_y)² + Σ_{k≠y} π_k², and (1−π_y)²/(N−1) ≤ Σ_{k≠y} π_k² ≤ (1−π_y)²: the lower
     bound is attained when the other mass is uniform, the upper one when it sits on a single token.
@@ -304,7 +307,7 @@ def softmax_grad_norm_bounds(pi: Tensor, vocab_size: int) -> tuple[Tensor, Tenso
     if pi.numel() and (bool(torch.isnan(pi).any()) or float(pi.min()) < 0.0 or float(pi.max()) > 1.0):
         raise ValueError("`pi` must hold probabilities in [0, 1]")
     n = vocab_size
-    # 004 notes §3.1: sqrt(N/(N−1))·(1 − π) ≤ ‖∇_z log π‖ ≤ sqrt(2)·(1 − π)
+    # Lopti paper §3.1: sqrt(N/(N−1))·(1 − π) ≤ ‖∇_z log π‖ ≤ sqrt(2)·(1 − π)
     lower = math.sqrt(n / (n - 1)) * (1.0 - pi)
     upper = math.sqrt(2.0) * (1.0 - pi)
     return lower, upper
@@ -321,9 +324,9 @@ def energy_by_bucket(
 ) -> Tensor:
     """DFPO eq. (24): the share of gradient energy in each token-frequency bucket.
 
-    Each token's gradient norm is the output-layer proxy of 002 eq. (6–7): the gradient of
-    coef·log π(y) with respect to the unembedding matrix is coef·(e_y − π) hᵀ, whose norm is
-    |coef|·‖e_y − π‖·‖h‖.
+    Each token's gradient norm is the output-layer proxy of the cancellation-hypothesis paper's eq. (6–7):
+    the gradient of coef·log π(y) with respect to the unembedding matrix is coef·(e_y − π) hᵀ, whose norm
+    is |coef|·‖e_y − π‖·‖h‖.
 
     Bucketing: token *types* are ranked by frequency, most frequent first (ties: the smaller id first);
     a type gets bucket ⌊num_buckets · (occurrences of the types ranked before it) / (total
@@ -380,7 +383,7 @@ def energy_by_bucket(
     bucket_sorted = torch.floor(num_buckets * before / total_occ).long().clamp(0, num_buckets - 1)
     bucket_of_type = torch.empty(v, dtype=torch.long, device=freq.device)
     bucket_of_type[order] = bucket_sorted
-    # 002 eq. (6)-(7): ‖∇_W (coef·log π(y))‖ = |coef|·‖e_y − π‖·‖h‖
+    # cancellation-hypothesis paper eq. (6)-(7): ‖∇_W (coef·log π(y))‖ = |coef|·‖e_y − π‖·‖h‖
     norms = coef.abs() * softmax_grad_norm(probs, tok) * h
     norms = torch.where(valid, norms, torch.zeros_like(norms))
     energy = torch.zeros(num_buckets, dtype=norms.dtype, device=norms.device)
@@ -410,7 +413,7 @@ FLIP_KEYS = (
 def token_flip_stats(
     logp_before: Tensor, logp_after: Tensor, advantages: Tensor, mask: Tensor, tau: float = 1e-3
 ) -> dict[str, float]:
-    """Token flipping (002 App. C eq. 16): which tokens an update boosts, suppresses or leaves alone.
+    """Token flipping (cancellation-hypothesis paper App. C eq. 16): boosted, suppressed and stable tokens.
 
     Δ = logp_after − logp_before per token: boosted if Δ > τ, suppressed if Δ < −τ, stable otherwise.
     Fractions are over the unmasked tokens of the rollouts with Â > 0 (``pos``), Â < 0 (``neg``) and
@@ -442,7 +445,8 @@ def token_flip_stats(
     after = torch.where(valid, logp_after, zero)
     check_finite("logp_before", before)
     check_finite("logp_after", after)
-    # 002 App. C eq. (16): Δ = log π_after − log π_before; boosted Δ > τ, suppressed Δ < −τ
+    # cancellation-hypothesis paper App. C eq. (16): Δ = log π_after − log π_before; boosted Δ > τ,
+    # suppressed Δ < −τ
     delta = after - before
     boosted = valid & (delta > tau)
     suppressed = valid & (delta < -tau)

@@ -9,7 +9,8 @@ all three).
 
 Notation: r = π_θ/π_old per token, s the sequence ratio (GSPO: exp(mean_t log r), DFPO eq. 44), Â the
 group-relative advantage, ε_low/ε_high the clip range, w_i the trajectory weight of DFPO eq. (23).
-Equation numbers without a paper name are the DFPO paper's (arXiv 2604.13088).
+Equation numbers without a paper name are the DFPO paper's (arXiv 2604.13088); docs/papers.md lists the
+papers.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ METER_DOCS: dict[str, tuple[str, str]] = {
         "for GRPO inside its clip range and for DFPO when the group's lengths are equal; what remains is "
         "what coupling, clipping, length normalisation (α = 1/|y_i| differs between lengths) or a split "
         "group broke.",
-        "Prop. 3.1, eq. (9), (13), (72); App. F; 002 Sec. 4",
+        "Prop. 3.1, eq. (9), (13), (72); App. F; cancellation-hypothesis paper Sec. 4",
     ),
     "sequence_net_residual": (
         "Per group, |Σ_i c_i| / Σ_i |c_i| with c_i = Σ_t ∂J/∂logp_{i,t} (a completion's whole "

@@ -23,7 +23,8 @@ Contents:
 - ``coefficients``: one ``compute_loss`` call on a mini-batch → its coefficients and metrics;
 - ``CancellationMeter``: ``shared_residual``, ``group_shared_residual`` and ``sequence_net_residual`` of
   the coefficients the optimiser steps applied;
-- ``RewardBalancedBuffer``: the FIFO of groups that reward-balanced batching (002 Sec. 4) selects from.
+- ``RewardBalancedBuffer``: the FIFO of groups that reward-balanced batching (cancellation-hypothesis
+  paper Sec. 4) selects from.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def lopti_stage_advantages(
     *,
     any_process: Callable[[bool], bool] | None = None,
 ) -> list[Tensor]:
-    """Lopti's stages (004 notes): the advantages zeroed outside the low-probability set, then outside the rest.
+    """Lopti's stages (Lopti paper §4.2): advantages zeroed outside the low-probability set, then the rest.
 
     As the public Lopti code does, each stage keeps the loss mask, the normaliser, the old log-probs
     and everything else as they are and only zeroes the advantages of the tokens outside its set, so
@@ -89,7 +90,8 @@ class Schedule:
     Attributes:
         inner_epochs: passes over the mini-batches against the same π_old (PPO epochs).
         num_minibatches: optimiser steps per inner epoch.
-        batching: ``"query"`` (query-preserved mini-batches, 002 Sec. 4) or ``"random"``.
+        batching: ``"query"`` (query-preserved mini-batches, cancellation-hypothesis paper Sec. 4) or
+            ``"random"``.
         lopti_eta: η of Lopti's two-stage update (None: one stage).
     """
 
@@ -332,7 +334,9 @@ P = TypeVar("P")
 
 
 class RewardBalancedBuffer(Generic[P]):
-    """The FIFO of whole groups that reward-balanced batching (002 Sec. 4) selects update batches from.
+    """The FIFO of whole groups that reward-balanced batching selects update batches from.
+
+    Reward-balanced batching: the cancellation-hypothesis paper, Sec. 4.
 
     The payload (the toy: trajectory indices; the trainer: a ``RolloutBatch``) is kept row-aligned with
     ``advantages`` and ``group``; the front end says how to concatenate and index it. Each step pushes

@@ -1,4 +1,4 @@
-"""The language-model sweep: the arms grid through the real trainer, one run folder per (arm, seed) (issue 11, item 4).
+"""The language-model sweep: the arms grid through the real trainer, one run folder per (arm, seed).
 
     from experiments.lm import run_lm
     studies = run_lm(Path("runs/experiments"))             # the full grid (python -m experiments --only lm)
@@ -517,7 +517,9 @@ def measure_defs(steps: int, threshold: float, k: int | str = "k") -> list[Measu
         "clip_frac": Measure("clip_frac", "clip fraction", None),
         "clip_low_frac": Measure("clip_low_frac", "clip fraction, lower side", None),
         "clip_high_frac": Measure("clip_high_frac", "clip fraction, upper side", None),
-        "flip_rate": Measure("flip_rate", "token-flip rate against Â (002 App. C)", None),
+        "flip_rate": Measure(
+            "flip_rate", "token-flip rate against Â (cancellation-hypothesis paper App. C)", None
+        ),
         "flip_pos_suppressed": Measure("flip_pos_suppressed", "tokens suppressed in Â > 0 rollouts", None),
         "flip_neg_boosted": Measure("flip_neg_boosted", "tokens boosted in Â < 0 rollouts", None),
         "entropy_final": Measure("entropy_final", f"token entropy, last {FINAL_STEPS} steps", None),

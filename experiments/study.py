@@ -39,13 +39,14 @@ VERDICTS = ("held", "contradicted", "not resolved", "too few seeds", "not measur
 MIN_SEEDS = 5
 
 
-# sources the studies cite (by title and arXiv id, as the project's paper table does)
+# sources the studies cite (by title and arXiv id): docs/papers.md is the one table of the papers, and
+# these strings follow it
 #: "Design Conditions for Intra-Group Learning of Sequence-Level Rewards: Token Gradient Cancellation".
 DFPO = "DFPO, 'Design Conditions for Intra-Group Learning of Sequence-Level Rewards' (arXiv 2604.13088)"
 #: The public review of DFPO: does the gain come from restored cancellation, or from smaller steps?
 REVIEW = "public review of DFPO (arXiv 2604.13088): the controlled ablation against the same estimator"
-#: "The Cancellation Hypothesis in Critic-Free RL: From Outcome Rewards to Token Credits" (the project's 002).
-CANCEL = "'The Cancellation Hypothesis in Critic-Free RL' (002)"
+#: "The Cancellation Hypothesis in Critic-Free RL: From Outcome Rewards to Token Credits" (arXiv 2605.08666).
+CANCEL = "cancellation-hypothesis paper, 'The Cancellation Hypothesis in Critic-Free RL' (arXiv 2605.08666)"
 #: "Do Not Let Low-Probability Tokens Over-Dominate in RL for LLMs".
 LOPTI = "Lopti, 'Do Not Let Low-Probability Tokens Over-Dominate in RL for LLMs' (arXiv 2505.12929)"
 DAPO = "DAPO (arXiv 2503.14476)"

@@ -1,4 +1,4 @@
-"""The toy studies: the arms grid on the tabular toy, hundreds of seeds, paired by seed (issue 11, item 3).
+"""The toy studies: the arms grid on the tabular toy, hundreds of seeds, paired by seed.
 
 Each study trains every arm on one ``toymodel`` scenario for the same seeds and steps, turns each seed's
 run into per-seed measures and curves, and returns an ``experiments.study.StudyResult`` (saved as
@@ -12,8 +12,9 @@ Studies (``STUDIES``; ``python -m experiments --only toy`` runs them all):
   ``template_task``;
 - ``toy_group_size``: Table 4, G ∈ {2, 4, 8, 16} × {GSPO, eq. 86 control, DFPO}, at matched steps and at
   matched samples;
-- ``toy_batching``: 002 Sec. 4, random vs query-preserved mini-batches and reward-balanced batching;
-- ``toy_low_prob``: 2505.12929, GRPO vs Advantage Reweighting vs Lopti (and both);
+- ``toy_batching``: the cancellation-hypothesis paper's Sec. 4, random vs query-preserved mini-batches
+  and reward-balanced batching;
+- ``toy_low_prob``: the Lopti paper (arXiv 2505.12929), GRPO vs Advantage Reweighting vs Lopti (and both);
 - ``toy_aggregation``: the aggregation (1/|y|, token-mean, Dr. GRPO's constant) × GRPO, GSPO, the eq. 86
   control and DFPO on ``equivalent_solutions`` (completions of 5 and 6 tokens): does length
   normalisation or sequence coupling drive the drift between equally correct answers?
@@ -87,15 +88,15 @@ CURVE_POINTS = 100
 THREADS = 1
 
 # --------------------------------------------------------------------------------------------------
-# sources (the papers' citations are in experiments.study)
+# sources (the papers' citations are in experiments.study, following docs/papers.md)
 
-ISSUE = "Cancellation Lab: the hypothesis of an earlier tabular run (experiments issue)"
+EARLIER_RUN = "Cancellation Lab: the hypothesis of an earlier tabular run"
 
 #: The measures the toy cannot compute, said in every study's notes.
 NOT_IN_TOY = (
-    "Not measured by the toy: token-flip rates (002 App. C) and Energy by frequency bucket (DFPO eq. 24) "
-    "are trainer-only diagnostics (scaledrun logs them), and benchmark accuracy (DFPO Table 1) has no "
-    "toy analogue beyond the exact E[R]."
+    "Not measured by the toy: token-flip rates (cancellation-hypothesis paper App. C) and Energy by "
+    "frequency bucket (DFPO eq. 24) are trainer-only diagnostics (scaledrun logs them), and benchmark "
+    "accuracy (DFPO Table 1) has no toy analogue beyond the exact E[R]."
 )
 
 
@@ -776,12 +777,14 @@ _BT_NOTES = (
     "of 4 inner epochs (8 optimiser steps per updated step); reward-balanced arms update only on a step "
     "whose buffer holds 4 groups with ≥ ρ positive and ≥ ρ negative advantages, so steps (= samples drawn) "
     "is the compute measure, not updates.",
-    "002 leaves ρ's value out of our copy; ρ = 0.25 and 0.125 are ours (ρ = 0.4 updated on ~10 % of the "
-    "steps in a side run). On template_task the reward saturates within ~10 steps, after which a balanced "
-    "selection is rare.",
+    "The cancellation-hypothesis paper gives no value of ρ that we found; ρ = 0.25 and 0.125 are ours "
+    "(ρ = 0.4 updated on ~10 % of the steps in a side run). On template_task the reward saturates within "
+    "~10 steps, after which a balanced selection is rare.",
     "Random mini-batches split a group across optimiser steps, so each part's Σ Â ≠ 0: the group-shared "
-    "residual then measures the split, as 002's eq. 14 says; DFPO's transform then also sees partial groups.",
-    "002's evidence is benchmark accuracy after training (Table 2); the toy's analogue is the exact E[R].",
+    "residual then measures the split, as the cancellation-hypothesis paper's eq. 14 says; DFPO's transform "
+    "then also sees partial groups.",
+    "The cancellation-hypothesis paper's evidence is benchmark accuracy after training (Table 2); the toy's "
+    "analogue is the exact E[R].",
 )
 
 
@@ -839,8 +842,8 @@ _A3 = f"{DFPO}, Prop. 3.1; App. A.3 eq. 39-41"
 _AGG_PREDICTIONS = (
     *(
         _p(f"{lab}: 1/|y| normalisation drifts the equivalent set more than Dr. GRPO's constant (lower "
-           "entropy at matched reward)", ISSUE, "equiv_entropy_at_threshold", f"{obj}_seqmean", f"{obj}_drgrpo",
-           "lower")
+           "entropy at matched reward)", EARLIER_RUN, "equiv_entropy_at_threshold", f"{obj}_seqmean",
+           f"{obj}_drgrpo", "lower")
         for obj, lab in (("grpo", "GRPO"), ("gspo", "GSPO"), ("gspo_eq86", "eq. 86 control"), ("dfpo", "DFPO"))
     ),
     _p("Sequence coupling drifts the equivalent set: DFPO keeps a higher entropy than GSPO at matched reward "
@@ -1006,7 +1009,7 @@ STUDIES: dict[str, ToyStudy] = {
         ),
         _study(
             "toy_batching",
-            title="Toy: query-preserved and reward-balanced batching (002 Sec. 4)",
+            title="Toy: query-preserved and reward-balanced batching (cancellation-hypothesis paper Sec. 4)",
             question=(
                 "With 4 groups per step split into 2 mini-batches, do query-preserved mini-batches keep the "
                 "group's cancellation (and learn faster) where random ones split it, and does reward-balanced "

@@ -161,7 +161,7 @@ class RunConfig:
     """KL coefficient to the reference policy (k3 estimator). 0: no KL term, as in the setups this
     project follows: DFPO's objectives (GSPO's eq. 42 and its transforms) carry none and its App. I
     lists no KL coefficient (App. I's β = 0 is an entropy-regularisation coefficient, which this trainer
-    does not implement); DAPO and the cancellation-hypothesis paper (002, App. B) remove the KL term."""
+    does not implement); DAPO and the cancellation-hypothesis paper (App. B) remove the KL term."""
     aggregation: str | None = None
     """Loss aggregation (``token-mean``, ``seq-mean-token-mean``, ``seq-mean-token-sum``,
     ``seq-mean-token-sum-norm``). None: the objective's own default."""
@@ -170,20 +170,21 @@ class RunConfig:
     adv_scale: str = "group"
     """Advantage scaling (``cancellation.group_advantages``): group std (GRPO, DFPO eq. 43), batch std, or none."""
     ar_alpha: float | None = None
-    """Advantage Reweighting α in [0, 1] (Lopti notes 004: 0.2 alone, 0.3 with Lopti). None: off."""
+    """Advantage Reweighting α in [0, 1] (Lopti paper: 0.2 alone, 0.3 with Lopti). None: off."""
     lopti_eta: float | None = None
-    """Lopti's probability threshold η in (0, 1] (004 notes: 0.4 alone, 0.5 with AR). None: off."""
+    """Lopti's probability threshold η in (0, 1] (Lopti paper: 0.4 alone, 0.5 with AR). None: off."""
 
     # ---- batching and update
     batching: str = "query"
-    """Mini-batch split: ``query`` keeps each group whole (002 Sec. 4), ``random`` is the common baseline."""
+    """Mini-batch split: ``query`` keeps each group whole (cancellation-hypothesis paper Sec. 4), ``random``
+    is the common baseline."""
     num_minibatches: int = 1
     """Optimizer steps per inner epoch; the step's completions are split into this many mini-batches."""
     inner_epochs: int = 1
     """Passes over the step's completions (PPO epochs); > 1 moves the ratios away from 1 so clipping acts."""
     reward_balanced_rho: float | None = None
-    """Reward-balanced batching ρ in (0, 0.5] (002 Sec. 4): update only on groups with ≥ ρ of each
-    advantage sign. None: off."""
+    """Reward-balanced batching ρ in (0, 0.5] (cancellation-hypothesis paper Sec. 4): update only on groups
+    with ≥ ρ of each advantage sign. None: off."""
     micro_batch_size: int | None = 0
     """Gradient accumulation: completions (rows) per forward/backward pass within a mini-batch, in order;
     0 or None: the whole mini-batch in one pass. Every micro-batch is normalised by the whole

@@ -14,7 +14,8 @@ One training step, from prompt to ``optimizer.step``
    ``cancellation.group_advantages``): the ``truncation`` policy, then group-relative advantages
    (DFPO eq. 43) over the rows that enter the loss; optionally Advantage Reweighting.
 3. **The update batch**: the step's batch, or a reward-balanced selection of buffered groups
-   (``cancellation.update.RewardBalancedBuffer``, 002 Sec. 4; no update until one meets ρ).
+   (``cancellation.update.RewardBalancedBuffer``, cancellation-hypothesis paper Sec. 4; no update until
+   one meets ρ).
 4. **The update** (``update``), the loop of CleanRL's ``ppo.py``::
 
        for mb in minibatches(...):              # Lopti stages × inner epochs × mini-batches
@@ -136,8 +137,8 @@ Where this departs from the papers
   optimizer step applied, summed over all optimizer steps of the RL step and over processes.
 - ``energy/bucket_*`` (DFPO eq. 24, output-layer proxy) uses the **first mini-batch** of each step only
   (it needs the (B, T, V) probabilities), and is NaN when that tensor would exceed ``ENERGY_MAX_ELEMENTS``.
-- Token-flip stats (002 App. C) use the **last mini-batch** only: its log-probs before and after its
-  optimizer step.
+- Token-flip stats (cancellation-hypothesis paper App. C) use the **last mini-batch** only: its log-probs
+  before and after its optimizer step.
 - Multi-process: objective metrics (clip fractions, ratios, ...) are averaged over processes; rewards
   are gathered exactly; the residuals' sums are added. KL to the reference needs LoRA (the reference is
   the base model with the adapter disabled). Under DeepSpeed ZeRO / FSDP checkpoints hold the gathered
@@ -376,7 +377,10 @@ def dropped_groups(group: Tensor, valid: Tensor | None) -> int:
 
 
 def make_buffer(cfg: RunConfig, pad_token_id: int) -> RewardBalancedBuffer[RolloutBatch]:
-    """The reward-balanced buffer (002 Sec. 4) of ``RolloutBatch`` groups: ``prompts_per_step`` per update."""
+    """The reward-balanced buffer (cancellation-hypothesis paper Sec. 4) of ``RolloutBatch`` groups.
+
+    ``prompts_per_step`` groups per update.
+    """
     return RewardBalancedBuffer(
         cfg.reward_balanced_rho,
         num_groups=cfg.prompts_per_step,
@@ -534,8 +538,8 @@ class UpdateDiagnostics:
     - the cancellation meter (``cancellation.update.CancellationMeter``) built on the step batch, fed
       each optimizer step's coefficients;
     - energy by token-frequency bucket (DFPO eq. 24) of the **first** mini-batch;
-    - token flips (002 App. C) of the **last** mini-batch: its log-probs before its optimizer step and
-      after the step's last one (a no-grad pass in ``finish``);
+    - token flips (cancellation-hypothesis paper App. C) of the **last** mini-batch: its log-probs before
+      its optimizer step and after the step's last one (a no-grad pass in ``finish``);
     - ``first_grads`` (debug): the first optimizer step's gradients, after the cross-process reduction,
       before clipping.
     """
@@ -597,7 +601,7 @@ class UpdateDiagnostics:
                 self.unwrapped.eval()
                 after = policy_logprobs(self.unwrapped, sub, self.cfg)["logp"]
                 self.unwrapped.train(was)
-            # 002 App. C eq. (16): the last mini-batch's log-probs before vs after its update
+            # cancellation-hypothesis paper App. C eq. (16): the last mini-batch's log-probs before vs after its update
             res.flip = token_flip_stats(before, after, sub.advantages, sub.completion_mask)
         return res
 
@@ -912,7 +916,7 @@ def _train(
             dump.mkdir(parents=True, exist_ok=True)
             torch.save(batch.to("cpu"), dump / f"step_{step:06d}_rollouts.pt")
 
-        # ---- 3. the update batch: this step's, or a reward-balanced selection (002 Sec. 4)
+        # ---- 3. the update batch: this step's, or a reward-balanced selection (cancellation-hypothesis paper Sec. 4)
         update_batch: RolloutBatch | None = batch
         if buffer is not None:
             buffer.push(batch, batch.advantages, batch.group)
@@ -928,7 +932,7 @@ def _train(
         if update_batch is not None:
             adv = update_batch.advantages
             if cfg.ar_alpha is not None:
-                # Advantage Reweighting (004 notes): per-token A·[α·π_old + (1 − α)]
+                # Advantage Reweighting (Lopti paper §4.1, eq. 4): per-token A·[α·π_old + (1 − α)]
                 adv = reweight_advantages(adv, update_batch.old_logp, cfg.ar_alpha)
             res = update(
                 cfg, accelerator, model, optimizer, update_batch, adv, generator, first_grads=first_grads

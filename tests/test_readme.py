@@ -1,4 +1,4 @@
-"""The README's commands work as written (issue 10: docs that match what happens).
+"""The README's commands work as written: docs that match what happens.
 
 Every fenced ```bash block of README.md is read; each command in it (``\\`` continuations joined, comments
 dropped) is either run by ``test_readme_quick_commands_run`` or skipped by a rule of ``classify`` that

@@ -1,4 +1,4 @@
-"""Many seeds of the tabular simulator as one batched computation (issue 11, item 1).
+"""Many seeds of the tabular simulator as one batched computation.
 
 ``simulate_seeds`` runs S seeds of ``toymodel.simulate.simulate`` at once: every seed has its own (C, K)
 logits (together a (S, C, K) tensor), its own samples and its own statistics, and one set of tensor ops

@@ -4,7 +4,8 @@
 ``(meaning, paper reference)`` (the metrics are documented in ``cancellation.glossary.METRIC_DOCS``).
 The app's About page shows both; a test checks that the two together document exactly ``ROW_KEYS``.
 The meanings follow ``toymodel.simulate``'s module docstring. Equation numbers without a paper name
-are the DFPO paper's (arXiv 2604.13088); "002" is the cancellation-hypothesis (batching) paper.
+are the DFPO paper's (arXiv 2604.13088); docs/papers.md lists the papers, among them the
+cancellation-hypothesis paper (batching).
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ ROW_DOCS: dict[str, tuple[str, str]] = {
     "step": ("Training step (1-based); the row is taken after this step's updates.", "—"),
     "updated": (
         "1 if the step updated the parameters, 0 when reward-balanced batching deferred the update.",
-        "002 Sec. 4 (reward-balanced batching)",
+        "Cancellation-hypothesis paper Sec. 4 (reward-balanced batching)",
     ),
     "buffer_groups": (
         "Groups waiting in the reward-balanced buffer after the step (0 without reward-balanced batching).",
-        "002 Sec. 4 (reward-balanced batching)",
+        "Cancellation-hypothesis paper Sec. 4 (reward-balanced batching)",
     ),
     "sampled_reward": ("Mean reward of the groups sampled this step.", "—"),
     "expected_reward": (
@@ -53,7 +54,7 @@ ROW_DOCS: dict[str, tuple[str, str]] = {
         "exactly 0 for GRPO inside its clip range and for DFPO (the paper's estimator, every transform, "
         "clipped sequences included) with equal lengths; what remains is what coupling, clipping, length "
         "normalisation or a split group broke.",
-        "Prop. 3.1, eq. (9), (13), (72); App. F; 002 Sec. 4",
+        "Prop. 3.1, eq. (9), (13), (72); App. F; cancellation-hypothesis paper Sec. 4",
     ),
     "sequence_net_residual": (
         "Σ_groups |Σ_i c_i| / Σ_groups Σ_i |c_i| with c_i = Σ_t ∂J/∂logp_{i,t}, the total coefficient of "

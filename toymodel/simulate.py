@@ -51,7 +51,7 @@ Rows (``ROW_KEYS``, the same keys in every row, floats):
     cancel exactly (eq. 9) and DFPO's paper estimator cancel exactly with equal lengths (clipped
     sequences included), so what is left is what the objective or the batching broke: sequence
     coupling (eq. 13), clipping (App. F), length normalisation (eq. 72), a group split across
-    mini-batches (002 Sec. 4);
+    mini-batches (cancellation-hypothesis paper Sec. 4);
   - ``sequence_net_residual``: per group, |Σ_i c_i| / Σ_i |c_i| with c_i = Σ_t c_{i,t} the total
     coefficient of completion i (the net push on every completion of the group at once). DFPO's
     paper estimator gives c_i = s̃_i·Â_i/B with Σ_i Â_i s̃_i = 0, so it is 0 for any lengths (with its

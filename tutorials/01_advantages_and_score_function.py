@@ -23,7 +23,8 @@
 # > completion of the group shares **cancel exactly** (DFPO eq. 2, 9).
 #
 # Equation numbers without a paper name are the DFPO paper's ("Design Conditions for Intra-Group
-# Learning of Sequence-Level Rewards: Token Gradient Cancellation", arXiv 2604.13088).
+# Learning of Sequence-Level Rewards: Token Gradient Cancellation", arXiv 2604.13088); `docs/papers.md`
+# lists it and the other papers the project implements.
 #
 # Every code cell calls the project's library: `cancellation` (the math, pure torch) and `toymodel`
 # (a tabular softmax policy on which every probability is exact). Nothing is re-implemented here.

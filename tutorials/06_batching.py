@@ -17,8 +17,9 @@
 # Cancellation is a property of **one update**: the positive and negative completions of a group
 # must meet in the same gradient for their shared tokens to cancel. Two common implementation
 # details can prevent that even when the objective is perfectly exchangeable (GRPO inside its clip
-# range). The cancellation-hypothesis paper ("The Cancellation Hypothesis in Critic-Free RL", here
-# "002") names both and their fixes (Sec. 4):
+# range). The cancellation-hypothesis paper ("The Cancellation Hypothesis in Critic-Free RL: From
+# Outcome Rewards to Token Credits", arXiv 2605.08666; docs/papers.md lists the papers) names both
+# and their fixes (Sec. 4):
 #
 # 1. **Random mini-batches** scatter a group over several optimiser steps → *query-preserved
 #    mini-batching* keeps every completion of a prompt in one mini-batch.
@@ -99,7 +100,7 @@ print("one step on the whole batch:", first_epoch_residual([torch.arange(G * N_G
 #
 # PPO-style training splits the batch into mini-batches and steps the optimiser after each one.
 # `split_minibatches(group, k, mode="random")` is what most frameworks do; `mode="query"` keeps each
-# group whole (002 Sec. 4).
+# group whole (cancellation-hypothesis paper Sec. 4).
 
 # %%
 for mode in ("random", "query"):
@@ -108,11 +109,11 @@ for mode in ("random", "query"):
     print(f"        first-epoch whole-group residual: {first_epoch_residual(parts):.3f}")
 
 # %% [markdown]
-# A random split leaves most of the whole-group mass uncancelled. The reason is 002's **local
+# A random split leaves most of the whole-group mass uncancelled. The reason is the paper's **local
 # imbalance** (eq. 14): inside one mini-batch only part of a group is present, and its advantages no
 # longer sum to zero, so the shared tokens of that part get a net push with the sign of the partial
 # sum. Later mini-batches do not undo it exactly either: the optimiser has already moved, so their
-# ratios and score directions differ (002's "optimization drift").
+# ratios and score directions differ (the paper's "optimization drift").
 
 # %%
 parts = split_minibatches(group, 4, mode="random", generator=torch.Generator().manual_seed(1))
@@ -177,8 +178,8 @@ fig.show()
 #
 # When a prompt is too easy or too hard, every completion gets the same reward, $\hat A = 0$, and the
 # group carries no signal. A batch of mostly such groups has few positive/negative counterparts.
-# 002's remedy: keep rollouts in a buffer and update only on a selection $\mathcal B$ of whole groups
-# with
+# The cancellation-hypothesis paper's remedy: keep rollouts in a buffer and update only on a selection
+# $\mathcal B$ of whole groups with
 #
 # $$\frac{N_\text{pos}(\mathcal B)}{|\mathcal B|} \ge \rho
 #   \quad\text{and}\quad \frac{N_\text{neg}(\mathcal B)}{|\mathcal B|} \ge \rho.$$
@@ -234,7 +235,7 @@ for rho in (None, 0.25):
 # threshold about as fast. Honest caveat: with group-relative advantages **every group that carries
 # signal already contains both signs**, so on whole-group events it adds no cancellation that GRPO did
 # not already have. Its effect is on the composition of the batch (no all-zero groups diluting the
-# token-mean, both signs for the *cross-group* coupling that 002 analyses at LM scale), which the
+# token-mean, both signs for the *cross-group* coupling that the paper analyses at LM scale), which the
 # tabular toy, with no parameters shared across prompts, cannot show.
 #
 # ## Exercises
@@ -243,7 +244,7 @@ for rho in (None, 0.25):
 # cell, then run the check cell below it: it prints ✓ or says what is missing or wrong. A worked
 # solution is in `tutorials/solutions/06_batching.py`; try first.
 #
-# **Exercise 6.1 — break cancellation on purpose.** 002 verifies the failure mode by splitting each
+# **Exercise 6.1 — break cancellation on purpose.** The paper verifies the failure mode by splitting each
 # batch **by advantage sign**: all $\hat A > 0$ completions in one mini-batch, the rest in another.
 # Write `my_sign_split(adv)` returning those two index tensors. The check measures the first-epoch
 # whole-group residual of your split with the library: with no opposite signs ever in one step, no
@@ -272,7 +273,7 @@ with check("6.1"):
 
 # %% [markdown]
 # **Exercise 6.2 — the balance condition.** Write `my_is_balanced(adv, rho)` that says whether one
-# update batch satisfies 002's condition: the fraction of positive advantages and the fraction of
+# update batch satisfies the paper's condition: the fraction of positive advantages and the fraction of
 # negative advantages are both at least ρ, counting every completion (zero-advantage ones included)
 # in the denominator. The check asks the library's selector for the same verdict: treating the whole
 # batch as one group, `reward_balanced_select` can only select all of it or nothing.
@@ -280,7 +281,7 @@ with check("6.1"):
 
 # %%
 def my_is_balanced(adv: torch.Tensor, rho: float) -> bool:
-    """002 Sec. 4's condition on one update batch."""
+    """The cancellation-hypothesis paper's condition (Sec. 4) on one update batch."""
     raise NotImplementedError("Exercise 6.2: replace this line with your code")
 
 

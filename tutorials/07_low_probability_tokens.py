@@ -17,7 +17,7 @@
 # The previous tutorials asked whether the coefficients of shared tokens cancel. This one looks at
 # the other factor of every token's update, its score $\nabla\log\pi$, whose **size** depends on the
 # token's probability. "Do Not Let Low-Probability Tokens Over-Dominate in RL for LLMs" (arXiv
-# 2505.12929; our notes are `004_47ee6b4fd7efa914.txt`) shows that in a softmax the gradient of a
+# 2505.12929; "the Lopti paper" below and in docs/papers.md) shows that in a softmax the gradient of a
 # token is roughly proportional to $1 - \pi$, so rare tokens get long levers, and proposes two fixes:
 # **Advantage Reweighting** and **Lopti**. All three pieces are in `cancellation`; the toy lets us
 # look at them exactly.
@@ -46,7 +46,7 @@ torch.set_printoptions(precision=3, sci_mode=False)
 f64 = torch.float64
 
 # %% [markdown]
-# ## 1. The $(1-\pi)$ bound (004 notes §3.1)
+# ## 1. The $(1-\pi)$ bound (Lopti paper §3.1)
 #
 # For logits $z$ and $\pi = \operatorname{softmax}(z)$, $\nabla_z\log\pi_y = e_y - \pi$, so
 # $\lVert\nabla_z\log\pi_y\rVert^2 = (1-\pi_y)^2 + \sum_{k\ne y}\pi_k^2$, and with $N$ tokens
@@ -81,8 +81,8 @@ print("every point inside the bounds:", bool(((norms >= low_b - 1e-12) & (norms 
 # %% [markdown]
 # A token the model already believes ($\pi \to 1$) gets a tiny gradient, whatever its advantage; an
 # unlikely one gets a gradient of length about 1. In a language model the logit gradient is then
-# pushed through the network's Jacobians, which 004 assumes well-conditioned, so the same
-# $(1-\pi)$ factor survives at every layer (004 §3.3). The tabular toy has no layers: each context
+# pushed through the network's Jacobians, which the paper assumes well-conditioned, so the same
+# $(1-\pi)$ factor survives at every layer (Lopti paper §3.3). The tabular toy has no layers: each context
 # is its own softmax, and the bound is the whole story.
 #
 # ## 2. Who moves the update on the toy
@@ -131,7 +131,7 @@ print(
 #
 # ## 3. Advantage Reweighting
 #
-# AR scales each token's advantage by its old probability (004 §4.1, eq. 4):
+# AR scales each token's advantage by its old probability (Lopti paper §4.1, eq. 4):
 #
 # $$\hat A_{i,t} \leftarrow \big[\alpha\,\pi_{\theta_\text{old}}(o_{i,t}) + (1-\alpha)\big]\,\hat A_{i,t},
 #   \qquad \alpha\in[0,1],$$
@@ -168,7 +168,7 @@ fig.show()
 #
 # ## 4. Lopti: update the low-probability tokens first
 #
-# Lopti (004 §4.2) splits the tokens at $\eta$ and runs two updates per step: first with the
+# Lopti (Lopti paper §4.2) splits the tokens at $\eta$ and runs two updates per step: first with the
 # advantages of the high-probability tokens zeroed (only $\pi_\text{old} < \eta$ tokens speak), then,
 # on the updated model, with the low-probability tokens zeroed, reusing the same old log-probs (so
 # the second stage's ratios include the first stage's drift). The high-probability tokens thus get
@@ -218,7 +218,7 @@ for name, params in variants.items():
 #   *higher* with AR (we have not isolated why; one candidate is that it weights the frequent
 #   first synonyms relatively more). All variants keep whole-group events cancelled exactly, as
 #   section 3 predicts.
-# * **Why the toy cannot show 004's effect.** 004's argument is that the long levers of rare tokens,
+# * **Why the toy cannot show the Lopti paper's effect.** Its argument is that the long levers of rare tokens,
 #   propagated through layers **shared by all tokens**, steer the probabilities of the frequent
 #   tokens (their §3.4: updating only the lowest-probability quartile reproduces most of the full
 #   update). In the tabular toy every context has its own logits, so a rare token can only move the

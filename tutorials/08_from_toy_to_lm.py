@@ -27,8 +27,9 @@
 #    of `experiments.stats`.
 #
 # Equation numbers are the DFPO paper's ("Design Conditions for Intra-Group Learning of
-# Sequence-Level Rewards", arXiv 2604.13088); "002" is the cancellation-hypothesis paper ("The
-# Cancellation Hypothesis in Critic-Free RL"). The whole notebook runs in under a minute on a 2-core
+# Sequence-Level Rewards", arXiv 2604.13088); docs/papers.md lists it and the other papers, among
+# them the cancellation-hypothesis paper ("The Cancellation Hypothesis in Critic-Free RL", arXiv
+# 2605.08666). The whole notebook runs in under a minute on a 2-core
 # CPU, about half of it section 1's warm start.
 
 # %%

@@ -178,7 +178,7 @@ st.header("Glossary")
 st.subheader("Objective metrics")
 st.caption(
     "Returned by every objective of `cancellation.compute_loss`; the same keys in the toy's rows and the "
-    "trainer's logs. Equations are the DFPO paper's unless named."
+    "trainer's logs. Equations are the DFPO paper's unless named; docs/papers.md lists the papers."
 )
 metric_keys = [k for k in ROW_KEYS if k in METRIC_DOCS] + [k for k in METRIC_DOCS if k not in ROW_KEYS]
 st.table(_glossary_table(metric_keys, METRIC_DOCS), hide_index=True)
@@ -191,7 +191,7 @@ st.table(_glossary_table(list(METER_DOCS), METER_DOCS), hide_index=True)
 st.subheader("Simulator rows")
 st.caption(
     "One row per step of `toymodel.simulate` (plus the metrics and meters above). "
-    "'002' is the cancellation-hypothesis (batching) paper."
+    "Papers other than DFPO are named where cited; docs/papers.md lists them."
 )
 row_keys = [k for k in ROW_KEYS if k in ROW_DOCS and k not in METER_DOCS]
 st.table(_glossary_table(row_keys, ROW_DOCS), hide_index=True)

@@ -1,4 +1,4 @@
-"""Page 5, Low-probability tokens (Lopti notes, 004): why do rare tokens dominate the update?
+"""Page 5, Low-probability tokens (Lopti paper, arXiv 2505.12929): why do rare tokens dominate the update?
 
 The gradient of log π(y) at the logits is e_y − π, whose norm lies between two multiples of (1 − π(y))
 (``cancellation.diagnostics.softmax_grad_norm`` / ``softmax_grad_norm_bounds``): the rarer the
@@ -91,7 +91,7 @@ page_header(
     r"\Big\|\frac{\partial \log\pi(y)}{\partial z}\Big\| = \|e_y-\pi\|,\qquad"
     r"\sqrt{\tfrac{N}{N-1}}\,(1-\pi_y)\ \le\ \|e_y-\pi\|\ \le\ \sqrt{2}\,(1-\pi_y),\qquad"
     r"\hat A_{i,t} \leftarrow \big[\alpha\,\pi_{\text{old}}(o_{i,t}) + 1-\alpha\big]\,\hat A_{i,t}",
-    "Lopti notes (004) §3.1: the gradient norm at the logits is ∝ (1 − π); Advantage Reweighting and "
+    "Lopti paper §3.1: the gradient norm at the logits is ∝ (1 − π); Advantage Reweighting and "
     "Lopti's two-stage update (low set π < η first).",
 )
 
@@ -125,7 +125,7 @@ c1.metric("Points inside the bounds", f"{100.0 * res['inside_frac']:.1f}%")
 c2.metric("Reweighting factor at π = η", f"{res['factor_at_eta']:.6g}")
 c3.metric("Tokens in Lopti's low set (π < η)", f"{100.0 * res['low_frac']:.1f}%")
 if res["inside_frac"] < 1.0:
-    st.error("Some points fall outside Lopti's bounds: that contradicts 004 §3.1; please report it.")
+    st.error("Some points fall outside Lopti's bounds: that contradicts Lopti paper §3.1; please report it.")
 
 st.plotly_chart(grad_norm_scatter(res["pi"], res["norms"], grid, lower, upper, vocab), key="norms")
 st.caption(

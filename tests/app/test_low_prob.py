@@ -1,7 +1,7 @@
 """AppTest of page 5 (Low-probability tokens): the displayed numbers are the library's for the same inputs.
 
 References are computed here from the plotted points with the library (``softmax_grad_norm_bounds``,
-``reweight_advantages``, ``lopti_masks``) and from the notes' formulas (α·η + 1 − α).
+``reweight_advantages``, ``lopti_masks``) and from the Lopti paper's formulas (α·η + 1 − α).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def assert_numbers_match(app: AppTest) -> None:
     s = app.sidebar
     vocab, draws = int(s.number_input(key="vocab").value), int(s.number_input(key="draws").value)
     alpha, eta = float(s.slider(key="alpha").value), float(s.slider(key="eta").value)
-    # the reweighting factor at π = η: the library's, and the notes' α·η + 1 − α
+    # the reweighting factor at π = η: the library's, and the Lopti paper's α·η + 1 − α
     lib = reweight_advantages(
         torch.ones(1, dtype=torch.float64), torch.tensor([[math.log(eta)]], dtype=torch.float64), alpha
     )

@@ -1,9 +1,10 @@
 """Plain-loop reference implementations that the tests of ``cancellation/`` compare against.
 
-Written from the papers (equation numbers refer to the DFPO paper, ``000_62e2f42363b24732.txt``) and from
-how TRL's ``GRPOTrainer._compute_loss`` and verl's ``compute_policy_loss`` / ``agg_loss`` compute their
-losses. Nothing here imports or calls ``cancellation``: every quantity is rebuilt with Python loops over
-groups, sequences and tokens.
+Written from the papers (equation numbers refer to the DFPO paper, "Design Conditions for Intra-Group
+Learning of Sequence-Level Rewards: Token Gradient Cancellation", arXiv 2604.13088; docs/papers.md lists
+the papers) and from how TRL's ``GRPOTrainer._compute_loss`` and verl's ``compute_policy_loss`` /
+``agg_loss`` compute their losses. Nothing here imports or calls ``cancellation``: every quantity is
+rebuilt with Python loops over groups, sequences and tokens.
 
 Two kinds of functions:
 

@@ -326,7 +326,7 @@ def test_softmax_grad_norm_bounds_are_attained(n: int) -> None:
     uniform = ((1 - pi) / (n - 1))[:, None].expand(4, n).clone()
     uniform[:, 0] = pi
     torch.testing.assert_close(softmax_grad_norm(uniform, y), lower, rtol=1e-12, atol=1e-12)
-    # closed forms of the bounds (004 notes §3.1)
+    # closed forms of the bounds (Lopti paper §3.1)
     torch.testing.assert_close(lower, math.sqrt(n / (n - 1)) * (1 - pi))
     torch.testing.assert_close(upper, math.sqrt(2) * (1 - pi))
 

@@ -1,4 +1,4 @@
-"""Run folders through the real trainer: nothing lost, nothing mixed (issue: a safe first hour).
+"""Run folders through the real trainer: nothing lost, nothing mixed, a safe first hour.
 
 In-process runs of ``scaledrun.train.main`` on the tiny model, and real processes where the case is about
 processes: a lock held by another live process, and ``kill -9`` of ``accelerate launch`` (its two workers

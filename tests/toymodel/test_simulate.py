@@ -74,7 +74,7 @@ def _replay(scenario_name: str, objective: str, *, group_size: int, inner_epochs
     old_logp = policy.token_logp(init, idx)
     adv_tok = adv[:, None].expand_as(old_logp)
     if ar_alpha is not None:
-        # Lopti notes: A·[α·π_old + (1 − α)]
+        # Lopti paper §4.1: A·[α·π_old + (1 − α)]
         adv_tok = adv_tok * (ar_alpha * old_logp.exp() + (1 - ar_alpha))
     if lopti_eta is not None:
         low = (old_logp.exp() < lopti_eta) & mask.bool()
@@ -186,7 +186,8 @@ def test_shared_residual_row_measures_the_applied_updates(objective: str, extra:
 def test_group_shared_residual_is_zero_exactly_where_the_math_says() -> None:
     """template_task (every completion has 7 tokens): whole-group events cancel under GRPO inside its clip
     range (eq. 9) and under DFPO Min-Replace/Orth-Proj (eq. 73, equal lengths); not under unclipped GSPO
-    (eq. 13), nor under GRPO when groups are split across random mini-batches (002 Sec. 4)."""
+    (eq. 13), nor under GRPO when groups are split across random mini-batches (cancellation-hypothesis
+    paper Sec. 4)."""
     kw = dict(steps=15, group_size=8, inner_epochs=2, lr=0.05, seed=2)
     no_clip = {"epsilon_low": 0.999999, "epsilon_high": 1e9}
 

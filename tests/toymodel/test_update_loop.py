@@ -23,7 +23,7 @@ from cancellation import TRANSFORMS, compute_loss, group_advantages
 from toymodel import simulate
 from toymodel.scenarios import get_scenario
 
-#: the issue's configuration: GSPO's default ε, several optimiser steps per batch, query batching
+#: the configuration under test: GSPO's default ε, several optimiser steps per batch, query batching
 LOOP = dict(steps=30, inner_epochs=4, num_groups=4, num_minibatches=2, batching="query", seed=0)
 
 #: the transforms of DFPO App. B (the project's registry must hold exactly these four)

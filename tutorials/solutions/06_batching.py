@@ -14,6 +14,6 @@ def my_sign_split(adv: torch.Tensor) -> list[torch.Tensor]:
 
 
 def my_is_balanced(adv: torch.Tensor, rho: float) -> bool:
-    """002 Sec. 4's condition on one update batch."""
+    """The cancellation-hypothesis paper's condition (Sec. 4) on one update batch."""
     n = len(adv)
     return bool((adv > 0).sum() / n >= rho and (adv < 0).sum() / n >= rho)
