@@ -44,6 +44,12 @@ PALETTE = (
     "#FECB52",
 )
 
+#: the weight-space picture's colours and the words the Group transforms page's caption uses for them: the
+#: line Âᵀv = 0 (G = 2), the plane Âᵀv = 0 (G = 3) and the edges of its part where v ≥ 0 (G = 3, eq. 51)
+LINE_COLOR, LINE_COLOR_WORD = "gray", "grey"
+PLANE_COLOR, PLANE_COLOR_WORD = "lightskyblue", "light-blue"
+ORTHANT_COLOR, ORTHANT_COLOR_WORD = "#2CA02C", "green"
+
 #: marker symbols per transform, so coinciding points stay visible (drawn largest first)
 SYMBOLS = ("circle-open", "diamond-open", "square-open", "x-thin-open", "cross-thin-open", "star-open")
 
@@ -222,7 +228,7 @@ def _plane_figure(
     )  # fmt: skip
     fig.add_trace(
         go.Scatter(
-            x=t * d[0], y=t * d[1], mode="lines", line={"color": "gray", "dash": "dash"}, name="Âᵀv = 0"
+            x=t * d[0], y=t * d[1], mode="lines", line={"color": LINE_COLOR, "dash": "dash"}, name="Âᵀv = 0"
         )
     )
     for i, v in enumerate(pts.values()):
@@ -260,26 +266,28 @@ def _space_figure(
     a: np.ndarray, sb: np.ndarray, pts: Mapping[str, np.ndarray], lim: tuple[float, float], height: int
 ) -> go.Figure:
     lo, hi = lim
-    # points of the plane Âᵀv = 0 inside the drawn cube: a grid in an orthonormal basis (u1, u2) of it
-    helper = np.eye(3)[int(np.argmin(np.abs(a)))]
-    u1 = helper - (helper @ a) * a
-    u1 /= np.linalg.norm(u1)
-    u2 = np.cross(a, u1)
-    n = 41
-    grid = np.linspace(-2.0 * (hi - lo), 2.0 * (hi - lo), n)
-    c1, c2 = np.meshgrid(grid, grid, indexing="ij")
-    plane = c1.reshape(-1, 1) * u1 + c2.reshape(-1, 1) * u2  # vertex (p, q) has index p·n + q
-    inside = np.all((plane >= lo) & (plane <= hi), axis=1).reshape(n, n)
-    # two triangles per grid cell whose four corners lie inside the cube
-    p, q = np.nonzero(inside[:-1, :-1] & inside[1:, :-1] & inside[:-1, 1:] & inside[1:, 1:])
-    v00, v10, v01, v11 = p * n + q, (p + 1) * n + q, p * n + q + 1, (p + 1) * n + q + 1
+    corners = plane_in_cube(a, lo, hi)  # the plane Âᵀv = 0 inside the drawn cube: a convex polygon
     fig = go.Figure()
-    if len(p):
+    if len(corners) >= 3:
+        # a fan of triangles from the polygon's centre (vertex 0) to each side
+        verts = np.vstack([corners.mean(axis=0), corners])
+        m = len(corners)
         fig.add_trace(
             go.Mesh3d(
-                x=plane[:, 0], y=plane[:, 1], z=plane[:, 2],
-                i=np.concatenate([v00, v10]), j=np.concatenate([v10, v11]), k=np.concatenate([v01, v01]),
-                opacity=0.35, color="lightskyblue", name="Âᵀv = 0", showlegend=True, hoverinfo="skip",
+                x=verts[:, 0], y=verts[:, 1], z=verts[:, 2],
+                i=[0] * m, j=[1 + q for q in range(m)], k=[1 + (q + 1) % m for q in range(m)],
+                opacity=0.35, color=PLANE_COLOR, name="Âᵀv = 0", showlegend=True, hoverinfo="skip",
+            )
+        )  # fmt: skip
+    # the part of the plane where v ≥ 0 (the positive QP's feasible set, eq. 51): its two boundary rays
+    rays = orthant_rays(a)
+    for n_ray, r in enumerate(rays):
+        end = r * (hi / float(r.max()))  # to the cube's far faces
+        fig.add_trace(
+            go.Scatter3d(
+                x=[0.0, end[0]], y=[0.0, end[1]], z=[0.0, end[2]], mode="lines",
+                line={"color": ORTHANT_COLOR, "width": 5}, name="edge of v ≥ 0 on the plane (eq. 51)",
+                legendgroup="orthant", showlegend=n_ray == 0, hoverinfo="skip",
             )
         )  # fmt: skip
     fig.add_trace(
@@ -306,6 +314,70 @@ def _space_figure(
             "yaxis": {**axis, "title": "v₂"},
             "zaxis": {**axis, "title": "v₃"},
             "aspectmode": "cube",
+            "camera": {"eye": dict(zip("xyz", plane_eye(a).tolist(), strict=True))},
         },
     )
     return fig
+
+
+def plane_in_cube(normal: np.ndarray, lo: float, hi: float, tol: float = 1e-12) -> np.ndarray:
+    """(m, 3): the corners, in order around it, of the polygon where the plane normalᵀv = 0 cuts the cube
+    [lo, hi]³ (lo < 0 < hi): the plane's crossings with the cube's 12 edges."""
+    n = np.asarray(normal, dtype=float)
+    pts: list[np.ndarray] = []
+    for k in range(3):  # edges along axis k: the other two coordinates at lo or hi
+        if abs(n[k]) <= tol:
+            continue
+        i, j = (q for q in range(3) if q != k)
+        for vi in (lo, hi):
+            for vj in (lo, hi):
+                vk = -(n[i] * vi + n[j] * vj) / n[k]
+                if lo - tol <= vk <= hi + tol:
+                    v = np.empty(3)
+                    v[i], v[j], v[k] = vi, vj, min(max(vk, lo), hi)
+                    if not any(np.allclose(v, w) for w in pts):
+                        pts.append(v)
+    if len(pts) < 3:
+        return np.zeros((0, 3))
+    poly = np.vstack(pts)
+    centre = poly.mean(axis=0)
+    # order by angle around the centre, in the plane's own coordinates
+    helper = np.eye(3)[int(np.argmin(np.abs(n)))]
+    u1 = np.cross(n, helper)
+    u2 = np.cross(n, u1)
+    rel = poly - centre
+    return poly[np.argsort(np.arctan2(rel @ u2, rel @ u1))]
+
+
+def plane_eye(normal: np.ndarray, distance: float = 2.5) -> np.ndarray:
+    """The camera eye (plotly ``scene.camera.eye``, from the centre of the cube) that shows the plane
+    normalᵀv = 0 face-on enough to see it: along the cube diagonal (±1, ±1, ±1) closest to the normal, so
+    that every axis stays equally readable, as in plotly's default view, and looking from above (v₃ > 0).
+
+    Plotly's default eye (1.25, 1.25, 1.25) looks down the diagonal (1, 1, 1), which lies in the plane when
+    Σ Â = 0 (always, for group-relative advantages), so the plane is seen edge-on. The diagonal sign(normal)
+    has |cos| = ‖normal‖₁ / (√3 ‖normal‖₂) with the normal: ≥ √(2/3) ≈ 0.82 when Σ normal = 0, ≥ 1/√3 for
+    any normal. ``distance``: a little further than the default eye's 2.17, so that the whole cube fits a
+    480-pixel-high figure.
+    """
+    n = np.asarray(normal, dtype=float)
+    sigma = np.where(n >= 0.0, 1.0, -1.0)
+    if sigma[2] < 0:  # the same line of sight from the other side of the plane: from above
+        sigma = -sigma
+    return distance * sigma / np.sqrt(3.0)
+
+
+def orthant_rays(normal: np.ndarray, tol: float = 1e-12) -> list[np.ndarray]:
+    """The extreme rays of {v ≥ 0 : normalᵀv = 0} in 3-D (unit vectors; none when the plane meets v ≥ 0
+    only at 0): the plane's lines in the coordinate planes v_k = 0, kept where they run inside v ≥ 0."""
+    n = np.asarray(normal, dtype=float)
+    rays: list[np.ndarray] = []
+    for k in range(3):
+        d = np.cross(n, np.eye(3)[k])
+        if np.linalg.norm(d) <= tol:  # the plane is v_k = 0 itself: its rays come from the other k
+            continue
+        d /= np.linalg.norm(d)
+        for r in (d, -d):
+            if np.all(r >= -tol) and not any(np.allclose(r, x) for x in rays):
+                rays.append(np.clip(r, 0.0, None))
+    return rays

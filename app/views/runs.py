@@ -15,13 +15,16 @@ The folder input's default is the environment variable ``CANCELLATION_RUNS_DIR``
 test points it at a fixture run), else ``runs/`` (the trainer's default ``output_dir`` is ``runs/tiny``).
 The folder may also be one run folder: that run is then the one run offered, under its own name; run
 folders two levels down (a sweep's ``<arm>/seed<k>``, ``experiments/lm.py``) are offered as ``arm/seed<k>``. A new
-folder starts with its first runs picked (a selection never outlives the folder it was made in).
+folder starts with its first runs picked (a selection never outlives the folder it was made in). A folder that
+does not exist, is a file or holds no run folder is said so on the page, naming it, with the commands (the
+README's quick start) that build the tiny model and train a first run into it.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +61,10 @@ DIAGNOSTIC_CURVES: dict[str, tuple[str, str]] = {
     "energy/bucket_0": ("Energy share, most frequent tokens (first mini-batch)", "DFPO eq. (24)"),
     "energy/bucket_1": ("Energy share, middle-frequency tokens (first mini-batch)", "DFPO eq. (24)"),
     "energy/bucket_2": ("Energy share, rarest tokens (first mini-batch)", "DFPO eq. (24)"),
-    "flip/rate": ("Token-flip rate against the advantage's sign (last mini-batch)", "002 App. C eq. (16)"),
+    "flip/rate": (
+        "Token-flip rate against the advantage's sign (last mini-batch)",
+        "Cancellation-hypothesis paper App. C eq. (16)",
+    ),
 }
 #: every key the page can draw
 ALL_CURVES = {**RUN_CURVES, **DIAGNOSTIC_CURVES}
@@ -77,8 +83,8 @@ DIAGNOSTICS_NOTE = (
     "Measured on one mini-batch per step, not on the whole step: energy/bucket_k (eq. 24, the output-layer "
     "proxy |coef|·‖e_y − π‖·‖h‖, buckets by token frequency, 0 = most frequent) on the first mini-batch of "
     "each step (it needs that mini-batch's (B, T, V) probabilities; NaN when they would be too large); "
-    "the token-flip rate (002 App. C) on the last mini-batch only, comparing its log-probs before and after "
-    "its own update."
+    "the token-flip rate (cancellation-hypothesis paper App. C) on the last mini-batch only, comparing its "
+    "log-probs before and after its own update."
 )
 
 
@@ -241,6 +247,47 @@ def summary_row(
     }
 
 
+#: the repository root: the commands below name the tiny model's folder and the config relative to it
+REPO_ROOT = Path(__file__).resolve().parents[2]
+#: the run folder the commands below write (its name under the folder of runs)
+EXAMPLE_RUN = "offpolicy-grpo"
+
+
+def no_runs_message(folder_text: str, folder: Path) -> tuple[str, str]:
+    """(kind, markdown): why ``folder`` (typed as ``folder_text``) offers no run; kind ``error`` (it does not
+    exist, or is a file) or ``warning`` (a folder without run folders)."""
+    where = f"`{folder_text or '.'}`"
+    if str(folder.resolve()) != folder_text:
+        where += f" (`{folder.resolve()}`)"
+    if not folder.exists():
+        return "error", (
+            f"The folder {where} does not exist. Enter the folder that holds your run folders in the "
+            "sidebar, or make a first run into this one with the commands below (the trainer creates it)."
+        )
+    if not folder.is_dir():
+        return "error", f"{where} is a file, not a folder. Enter the folder that holds your run folders."
+    return "warning", (
+        f"No runs were found in the folder {where}. A run is a folder with `{METRICS_FILE}` and "
+        f"`{CONFIG_FILE}`, as `python -m scaledrun.train` writes into its `--output_dir`; this page lists the "
+        "run folders inside the folder you enter (and inside its sub-folders, as a sweep's `arm/seed0`). "
+        "To make one, use the commands below."
+    )
+
+
+def how_to_make_a_run(folder: Path) -> str:
+    """The two commands (run from the repository root) that build the tiny model and train one run into
+    ``folder/offpolicy-grpo`` (as in the README's quick start); ``folder`` absolute unless it is relative to
+    the repository root already (the app started there)."""
+    runs = folder if folder.is_absolute() or Path.cwd().resolve() == REPO_ROOT else folder.resolve()
+    out = shlex.quote((runs / EXAMPLE_RUN).as_posix())
+    return (
+        "# 1. the tiny Qwen3 model and its tokenizer (skip if artifacts/tiny-qwen3 exists)\n"
+        "python -m scaledrun.tiny --out artifacts/tiny-qwen3\n"
+        "# 2. one GRPO run, 200 steps, into a folder under the folder of runs\n"
+        f"python -m scaledrun.train --config scaledrun/configs/offpolicy.yaml --objective grpo --output_dir {out}"
+    )
+
+
 page_header(
     "Runs",
     "Did the language-model runs learn, and did their shared-token gradients cancel as the objective promises?",
@@ -258,19 +305,25 @@ with st.sidebar:
         help=f"A folder whose sub-folders are runs (or a run folder itself). Default: ${RUNS_DIR_ENV} or runs/.",
     )
     folder = Path(folder_text).expanduser()
-    if not folder.is_dir():
-        st.error(
-            f"The folder `{folder_text}` does not exist. Enter the folder that holds your run folders "
-            "(the parent of a trainer's `output_dir`, e.g. `runs`)."
+    found = find_runs(folder) if folder.is_dir() else []
+
+if not found:  # said on the page itself, with the commands that make a run here
+    kind, message = no_runs_message(folder_text, folder)
+    (st.error if kind == "error" else st.warning)(message)
+    if not folder.exists() or folder.is_dir():
+        st.markdown("**Make a first run**")
+        st.code(how_to_make_a_run(folder), language="bash")
+        st.caption(
+            "Run these from the repository root (the tiny model's folder and the config are relative to it), "
+            "as in the README's quick start: the first builds the tiny model once, the second trains 200 steps "
+            f"of GRPO on it on the CPU. Then rerun this page: the run is listed as `{EXAMPLE_RUN}`. Each run "
+            "needs its own folder under the folder of runs (`--objective gspo --output_dir "
+            "…/offpolicy-gspo` for a second one to compare); `python -m scaledrun.train --help` lists every "
+            "option."
         )
-        st.stop()
-    found = find_runs(folder)
-    if not found:
-        st.warning(
-            f"No runs in `{folder_text}`: a run is a folder with `{METRICS_FILE}` and `{CONFIG_FILE}`, as "
-            "`python -m scaledrun.train --output_dir <folder>/<name>` writes. Train one, or pick another folder."
-        )
-        st.stop()
+    st.stop()
+
+with st.sidebar:
     names = run_names(folder, found)
     # the picks belong to a folder: a new folder starts with its first runs (a kept selection would be
     # filtered to nothing by the new options); the same folder whose runs changed keeps the picks that remain

@@ -14,6 +14,11 @@ are ``app.figures.curve_figure`` (mean over seeds, ±1 sample-std band) and the 
 same way). Incompatible choices (dfpo or gspo's paper estimator with Advantage Reweighting or Lopti,
 more mini-batches than groups) show the library's own error message.
 
+Before anything runs, the page estimates the rerun's cost (``app.lab_cost``: per-unit costs measured on a
+2-core machine, for the path it will take, over the runs this session has not computed yet, plus drawing).
+Above ``app.lab_cost.CONFIRM_ABOVE_S`` (10 s) it shows the estimate and a "Run (about N s)" button and
+runs nothing until that is pressed (once per set of inputs); the defaults (about 1 s) run at once.
+
 The first screen compares GSPO, the eq. (86) control (GSPO's weight under the paper's estimator, no
 transform) and DFPO Min-Replace on ``template_task``: GSPO against the control isolates what the
 estimator does, the control against DFPO what the transform does (the public review's question).
@@ -32,6 +37,7 @@ import torch
 
 from app.common import page_header, user_errors
 from app.figures import CURVE_TITLES, curve_figure
+from app.lab_cost import CONFIRM_ABOVE_S, batched_seconds, drawing_seconds, format_seconds, simulate_seconds
 from cancellation import TRANSFORMS
 from cancellation.batching import SPLIT_MODES
 from cancellation.glossary import METER_DOCS
@@ -285,6 +291,63 @@ def comparison_text(table: pd.DataFrame, seeds: int, threshold: float) -> str:
     )
 
 
+def run_keys(scenario: str, label: str, seeds: int, common: dict[str, Any], batched: bool) -> list[tuple]:
+    """The cached calls that the runs of one variant make: one ``run_seeds`` call (batched) or one
+    ``run_one`` call per seed (their arguments, as keys of the page's record of what has run)."""
+    objective, params = PAGE_VARIANTS[label]
+    call = (scenario, objective, tuple(sorted(params.items())), tuple(sorted(common.items())))
+    if batched:
+        return [("batched", *call, seeds)]
+    return [("simulate", *call, seed) for seed in range(seeds)]
+
+
+def rerun_estimate(
+    scenario: str, variants: list[str], seeds: int, common: dict[str, Any], batched: bool, done: set[tuple]
+) -> dict[str, float]:
+    """Estimated seconds of one rerun (``app.lab_cost``): {"simulate": the runs not in ``done`` (the ones
+    this session has computed, which are cached), "draw": every seed's rows to table and curves, "total"}.
+    """
+    shape = {k: common[k] for k in ("steps", "group_size", "inner_epochs", "num_groups", "num_minibatches")}
+    per_run = batched_seconds(seeds, **shape) if batched else simulate_seconds(**shape)
+    todo = sum(k not in done for label in variants for k in run_keys(scenario, label, seeds, common, batched))
+    sim = todo * per_run
+    draw = drawing_seconds(len(variants), seeds, common["steps"])
+    return {"simulate": sim, "draw": draw, "total": sim + draw, "runs": todo}
+
+
+def estimate_text(
+    cost: dict[str, float], variants: list[str], seeds: int, common: dict[str, Any], batched: bool
+) -> str:
+    """The message that asks before a long rerun: the estimate and what it is made of."""
+    n = len(variants)
+    size = (
+        f"{common['steps']} steps × {common['inner_epochs']} inner epochs × {common['num_minibatches']} "
+        f"mini-batch{'es' if common['num_minibatches'] > 1 else ''}, {common['num_groups']} group"
+        f"{'s' if common['num_groups'] > 1 else ''} of G = {common['group_size']} a step"
+    )
+    if batched:
+        what = (
+            f"{int(cost['runs'])} batched simulator call{'s' if cost['runs'] != 1 else ''} (one per objective "
+            f"not yet run, {seeds} seeds each) of {size}"
+        )
+    else:
+        what = f"{int(cost['runs'])} per-seed `toymodel.simulate` runs (objectives × seeds not yet run) of {size}"
+    return (
+        f"**This rerun would take about {format_seconds(cost['total'])}** on a 2-core machine: {what}, "
+        f"about {format_seconds(cost['simulate'])} (less for objectives that learn fast: a seed whose groups "
+        f"all get the same reward stops costing), then drawing {n} objective{'s' if n > 1 else ''} × "
+        f"{seeds} seeds × {common['steps']} steps, about {format_seconds(cost['draw'])}. Fewer seeds, steps, "
+        "inner epochs, groups or mini-batches make it quicker"
+        + (
+            ""
+            if batched
+            else "; so does the batched path (see the sidebar: plain SGD, query split, no "
+            "reward-balanced batching, Lopti, AR or objective metrics)"
+        )
+        + ". Nothing has run yet."
+    )
+
+
 page_header(
     "Training lab",
     "When the objectives train the toy policy, which ones keep shared-token gradients cancelling, and "
@@ -293,7 +356,7 @@ page_header(
     r"\quad\text{(2)},\qquad \mathrm{Asym} = \mathrm{Var}_i(w_i\hat A_i)\quad\text{(23)}",
     "DFPO eq. (2) (cancellation condition on an event every completion shares), eq. (20) Jitter₂, "
     "eq. (23) Asym, Table 2 steps-to-threshold, eq. (68)/(91) DFPO's estimator and eq. (86) its control; "
-    "batching and Lopti/AR: 002 Sec. 4 and the Lopti notes.",
+    "batching and Lopti/AR: the cancellation-hypothesis paper Sec. 4 and the Lopti paper (docs/papers.md).",
 )
 
 with st.sidebar:
@@ -339,7 +402,8 @@ with st.sidebar:
     minibatches = st.slider("Mini-batches per inner epoch", 1, 16, 1, key="minibatches")
     batching = st.radio(
         "Mini-batch split", SPLIT_MODES, key="batching", horizontal=True,
-        help="query: every completion of a group in one mini-batch (002 Sec. 4); random: the usual split.",
+        help="query: every completion of a group in one mini-batch (cancellation-hypothesis paper Sec. 4); "
+        "random: the usual split.",
     )  # fmt: skip
     rb_on = st.toggle("Reward-balanced batching", key="rb_on")
     rho = st.slider("ρ (min fraction of each advantage sign)", 0.0, 0.5, 0.25, key="rho", disabled=not rb_on)
@@ -381,24 +445,42 @@ common = {
 
 reasons = fallback_reasons(common, bool(objective_metrics))
 batched = not reasons
+
+# the cost of this rerun, before anything runs: ask first when it is long (the runs already computed in
+# this session are cached, so they cost nothing; drawing every seed's rows costs on every rerun)
+done: set[tuple] = st.session_state.setdefault("lab_done", set())
+cost = rerun_estimate(scenario, variants, int(seeds), common, batched, done)
+signature = (scenario, tuple(variants), int(seeds), tuple(sorted(common.items())), batched)
+if cost["total"] > CONFIRM_ABOVE_S and st.session_state.get("lab_confirmed") != signature:
+    gate = st.empty()
+    with gate.container():
+        st.warning(estimate_text(cost, variants, int(seeds), common, batched))
+        go = st.button(f"Run (about {format_seconds(cost['total'])})", key="confirm_run", type="primary")
+    if not go:
+        st.stop()
+    st.session_state["lab_confirmed"] = signature
+    gate.empty()
+
 runs_by_label: dict[str, list[list[dict[str, float]]]] = {}
 bar = st.progress(0.0, text="Running the simulator…")
 with user_errors():
     try:
-        for done, label in enumerate(variants):
+        for n_done, label in enumerate(variants):
             objective, params = PAGE_VARIANTS[label]
             where = label
             try:
                 if batched:  # one call for all seeds
-                    bar.progress(done / len(variants), text=f"{label}, {int(seeds)} seeds (batched)")
+                    bar.progress(n_done / len(variants), text=f"{label}, {int(seeds)} seeds (batched)")
                     runs_by_label[label] = batched_runs(scenario, objective, params, int(seeds), common)
+                    done.update(run_keys(scenario, label, int(seeds), common, batched))
                     continue
                 runs = []
                 for seed in range(int(seeds)):
                     where = f"{label}, seed {seed}"
-                    bar.progress((done + seed / int(seeds)) / len(variants), text=where)
+                    bar.progress((n_done + seed / int(seeds)) / len(variants), text=where)
                     runs.append(run_one(scenario, objective, tuple(sorted(params.items())), seed, **common))
                 runs_by_label[label] = runs
+                done.update(run_keys(scenario, label, int(seeds), common, batched))
             except (ValueError, TypeError) as exc:
                 raise type(exc)(f"{label}: {exc}") from exc
             except RuntimeError as exc:  # numerical failure in torch: say what to change

@@ -26,7 +26,7 @@ import streamlit as st
 import torch
 
 from app.common import page_header, user_errors
-from app.figures import weight_space_figure
+from app.figures import LINE_COLOR_WORD, ORTHANT_COLOR_WORD, PLANE_COLOR_WORD, weight_space_figure
 from cancellation import TRANSFORMS, group_advantages
 from cancellation.advantages import SCALES
 from cancellation.diagnostics import token_coefficients
@@ -280,12 +280,23 @@ elif G in (2, 3):
         res["adv"].tolist(), res["s_bar"].tolist(), {k: v.tolist() for k, v in res["s_tilde"].items()}
     )
     st.plotly_chart(fig, key="weight_space")
+    if G == 2:
+        what = (
+            f"The dashed {LINE_COLOR_WORD} line is Âᵀv = 0, where shared tokens cancel; the green-shaded "
+            "quadrant is v ≥ 0 (eq. 51). The black dot is s̄ and an arrow in each transform's colour goes "
+            "from s̄ to its s̃ (legend; coinciding points keep their distinct symbols)."
+        )
+    else:
+        what = (
+            f"The {PLANE_COLOR_WORD} plane is Âᵀv = 0, where shared tokens cancel; the two {ORTHANT_COLOR_WORD} "
+            "lines from the origin bound its part where v ≥ 0 (eq. 51). The black dot is s̄ and a segment in "
+            "each transform's colour goes from s̄ to its s̃ (legend; coinciding points hide each other). "
+            "Drag to turn the cube."
+        )
     st.caption(
-        ("The dashed line" if G == 2 else "The grey plane")
-        + " is Âᵀv = 0, where shared tokens cancel; the shaded region is v ≥ 0 (eq. 51). Orth-Proj moves "
-        "s̄ perpendicularly onto it (eq. 18), the positive QP to its closest non-negative point, "
-        "truncate-and-rebalance by shrinking one sign's side, Min-Replace to the diagonal (all weights "
-        "equal), which lies on the constraint because Σ Â = 0."
+        what + " Orth-Proj moves s̄ perpendicularly onto the constraint (eq. 18), the positive QP to its "
+        "closest point of it with v ≥ 0, truncate-and-rebalance by shrinking one sign's side, Min-Replace to "
+        "the diagonal (all weights equal), which lies on the constraint because Σ Â = 0."
     )
 else:
     st.info(

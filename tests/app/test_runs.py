@@ -1,15 +1,19 @@
 """Runs page: real ``scaledrun.train`` runs on the tiny model as fixtures; the displayed final reward and
 table values equal the ones in each run's metrics.jsonl; a missing folder, an empty folder and a
-malformed metrics file show messages, not tracebacks. Steps to threshold reads full windows only and its
-default threshold is relative to the runs (checked on synthetic metrics whose answer is known by hand); a
-single run folder entered as the folder is picked, also after switching from its parent.
+malformed metrics file show messages, not tracebacks (the first two on the page itself, with the commands
+that make a first run there, checked against the trainer's own parsers). Steps to threshold reads full
+windows only and its default threshold is relative to the runs (checked on synthetic metrics whose answer
+is known by hand); a single run folder entered as the folder is picked, also after switching from its parent.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import io
 import json
 import math
+import shlex
 import shutil
 import zlib
 from pathlib import Path
@@ -19,13 +23,15 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from cancellation.diagnostics import jitter2
-from scaledrun.config import RunConfig
+from scaledrun.config import RunConfig, load_config
 from scaledrun.rewards import REWARDS, register_reward
 from scaledrun.runlog import read_metrics
 from scaledrun.tiny import build_tiny
+from scaledrun.tiny import main as tiny_main
 from scaledrun.train import train
 
-PAGE = Path(__file__).resolve().parents[2] / "app/views/runs.py"
+REPO = Path(__file__).resolve().parents[2]
+PAGE = REPO / "app/views/runs.py"
 #: the row keys the page draws as curves (those with a finite value in some picked run)
 RUN_CURVES = (
     "reward/mean", "eval/greedy_accuracy", "shared_residual", "group_shared_residual",
@@ -159,11 +165,88 @@ def test_inputs_rerun(runs_dir):
     assert "Pick one or more runs" in at.info[0].value
 
 
-def test_missing_and_empty_folder(tmp_path):
-    at = _page(tmp_path / "nope")
-    assert "does not exist" in at.error[0].value
+def _sidebar_texts(at: AppTest) -> list[str]:
+    """Every message, text and caption in the sidebar (the folder input's own value excluded)."""
+    sb = at.sidebar
+    return [
+        e.value for kind in (sb.error, sb.warning, sb.info, sb.markdown, sb.caption, sb.code) for e in kind
+    ]
+
+
+def _commands(at: AppTest) -> list[list[str]]:
+    """The shell commands of the page's code block (comments left out), split as the shell would."""
+    (block,) = at.code
+    return [shlex.split(line) for line in block.value.splitlines() if line and not line.startswith("#")]
+
+
+def _check_commands(at: AppTest, runs_folder: Path) -> None:
+    """The page's two commands are the real ones: ``scaledrun.tiny``'s own parser knows ``--out``, the tiny
+    model goes where the config's model is read from, and the training command, parsed by the trainer's own
+    config loader, trains into a folder under ``runs_folder``."""
+    tiny, trainer = _commands(at)
+    assert tiny[:3] == ["python", "-m", "scaledrun.tiny"]
+    assert trainer[:3] == ["python", "-m", "scaledrun.train"]
+    help_text = io.StringIO()
+    with contextlib.redirect_stdout(help_text), pytest.raises(SystemExit) as stop:
+        tiny_main(["--help"])  # argparse prints the options and exits 0
+    assert stop.value.code == 0 and "--out" in help_text.getvalue()
+    assert tiny[3:] == ["--out", "artifacts/tiny-qwen3"]
+    out = tiny[tiny.index("--out") + 1]
+    args = trainer[3:]
+    config = args.pop(args.index("--config") + 1)
+    args.remove("--config")
+    cfg = load_config(str(REPO / config), args)  # the README's quick start, as the trainer reads it
+    assert cfg.model == out == "artifacts/tiny-qwen3"
+    assert (config, cfg.objective) == ("scaledrun/configs/offpolicy.yaml", "grpo")
+    assert Path(cfg.output_dir) == runs_folder.resolve() / "offpolicy-grpo"
+
+
+def test_missing_default_folder_says_so_on_the_page_with_the_commands(runs_dir, tmp_path, monkeypatch):
+    """The reported case: the default folder ``runs`` does not exist (a fresh clone). The page names it and
+    shows the commands that make a run into it; the sidebar holds only the input (the old page put its
+    message there, suggesting ``runs``, the value already typed). Following the commands lists the run."""
+    monkeypatch.delenv("CANCELLATION_RUNS_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)
+    at = AppTest.from_file(str(PAGE), default_timeout=60)
+    at.run()
+    assert not at.exception
+    assert at.sidebar.text_input(key="runs_dir").value == "runs"
+    assert _sidebar_texts(at) == []
+    (error,) = at.main.error
+    assert error.value.startswith(f"The folder `runs` (`{tmp_path.resolve() / 'runs'}`) does not exist.")
+    assert error.value.count("runs`") == 2  # named once (as typed and resolved), suggested nowhere
+    _check_commands(at, tmp_path / "runs")
+    # what the commands make: a run folder at the commanded output_dir (a fixture run copied there)
+    (trainer,) = [c for c in _commands(at) if "scaledrun.train" in c]
+    shutil.copytree(runs_dir / "grpo_run", trainer[trainer.index("--output_dir") + 1])
+    at.run()
+    assert not at.exception and not at.error and not at.warning
+    assert at.sidebar.multiselect(key="runs").options == ["offpolicy-grpo"]
+    assert [m.label for m in at.metric] == ["final reward/mean · offpolicy-grpo · grpo"]
+
+
+def test_empty_folder_says_no_runs_were_found_with_the_commands(tmp_path):
+    (tmp_path / "not_a_run").mkdir()  # a sub-folder without metrics.jsonl and config.yaml
     at = _page(tmp_path)
-    assert "No runs in" in at.warning[0].value
+    assert _sidebar_texts(at) == []
+    (warning,) = at.main.warning
+    assert warning.value.startswith(f"No runs were found in the folder `{tmp_path}`.")
+    assert "metrics.jsonl" in warning.value and "config.yaml" in warning.value
+    _check_commands(at, tmp_path)
+    assert not at.get("plotly_chart") and not at.dataframe
+
+
+def test_missing_folder_and_a_file_are_named(tmp_path):
+    at = _page(tmp_path / "nope")
+    assert _sidebar_texts(at) == []
+    (error,) = at.main.error
+    assert error.value.startswith(f"The folder `{tmp_path / 'nope'}` does not exist.")
+    _check_commands(at, tmp_path / "nope")
+    (tmp_path / "file.txt").write_text("not a folder")
+    at = _page(tmp_path / "file.txt")
+    (error,) = at.main.error
+    assert error.value.startswith(f"`{tmp_path / 'file.txt'}` is a file, not a folder.")
+    assert not at.code and _sidebar_texts(at) == []
 
 
 def test_malformed_metrics_file(runs_dir, tmp_path):

@@ -14,7 +14,9 @@ from __future__ import annotations
 import base64
 import json
 import math
+import re
 import statistics
+import time
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +24,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app.figures import CURVE_TITLES, curve_figure, seed_band, weight_space_figure
+from app.lab_cost import CONFIRM_ABOVE_S
 from app.views.training_lab import DEFAULT_SEEDS, MAX_SEEDS, OBJECTIVE_CURVES
 from cancellation.update import RESIDUAL_KEYS
 from toymodel import simulate
@@ -372,6 +375,64 @@ def test_no_objective_selected():
 
 # ------------------------------------------------------------------------------------------------
 # app/figures.py
+
+
+#: every slider of the run at its maximum (steps, a number input, at its default 100): one rerun took
+#: minutes, with no warning, before the page asked first
+MAXIMA = {"G": 32, "inner": 16, "seeds": MAX_SEEDS, "num_groups": 16, "minibatches": 16}
+
+
+def _confirm_buttons(at: AppTest) -> list:
+    return [b for b in at.button if b.label.startswith("Run (about")]
+
+
+def _button_seconds(label: str) -> int:
+    m = re.fullmatch(r"Run \(about (\d+) (s|min)\)", label)
+    assert m, label
+    return int(m[1]) * (60 if m[2] == "min" else 1)
+
+
+def test_the_defaults_run_at_once_without_asking():
+    at = AppTest.from_file(str(PAGE), default_timeout=300)
+    _run(at)  # every input at its default: 3 objectives × 16 seeds × 100 steps, batched
+    assert not _confirm_buttons(at) and not at.warning
+    assert _path(at) == "batched"
+    reward = _traces(at, "expected_reward")
+    assert list(reward) == list(FIRST_SCREEN) and all(len(v) == 100 for v in reward.values())
+    assert list(_table(at).index) == list(FIRST_SCREEN)
+
+
+@pytest.mark.parametrize(
+    ("state", "path_words"),
+    [
+        (MAXIMA, "batched simulator calls (one per objective not yet run, 256 seeds each)"),
+        ({"objective_metrics": True}, "48 per-seed `toymodel.simulate` runs"),  # 3 objectives × 16 seeds
+    ],
+)
+def test_a_long_rerun_shows_its_estimate_and_waits_for_confirmation(state, path_words):
+    """With the sliders at their maxima (batched) or the default screen on the per-seed path (Objective
+    metrics on) the page says how long the rerun would take and runs nothing until the button is pressed
+    (not pressed here: it would take minutes)."""
+    at = AppTest.from_file(str(PAGE), default_timeout=60)
+    for k, v in state.items():
+        at.session_state[k] = v
+    start = time.perf_counter()
+    _run(at)
+    assert time.perf_counter() - start < 30  # the simulation alone takes minutes
+    (button,) = _confirm_buttons(at)
+    seconds = _button_seconds(button.label)
+    assert seconds > CONFIRM_ABOVE_S
+    (warning,) = at.warning
+    assert warning.value.startswith(
+        f"**This rerun would take about {button.label[len('Run (about ') : -1]}**"
+    )
+    assert path_words in warning.value and "Nothing has run yet." in warning.value
+    # nothing ran: no path caption, no curves, no summary table
+    assert not [c for c in at.caption if c.value.startswith("Ran ")]
+    assert not at.get("plotly_chart") and not at.dataframe
+    # a rerun with nothing changed still waits (the button was not pressed)
+    _run(at)
+    assert _confirm_buttons(at) and not at.get("plotly_chart")
 
 
 def test_seed_band_is_the_plain_mean_and_sample_std():

@@ -8,10 +8,13 @@ Edits of the data editor go through AppTest's documented route for keyed editors
 from __future__ import annotations
 
 import json
+import math
+import re
 from pathlib import Path
 
 import pytest
 import torch
+from PIL import ImageColor
 from streamlit.testing.v1 import AppTest
 
 from cancellation import TRANSFORMS, compute_loss, group_advantages
@@ -284,3 +287,85 @@ def test_bad_groups_show_an_error(edit, message):
     assert not at.exception
     assert at.error and message in at.error[0].value
     assert not at.metric  # nothing computed from a bad group
+
+
+#: colour words a caption may use, each with a test on the trace's actual colour (RGB, 0-255)
+COLOUR_WORDS = {
+    "grey": lambda r, g, b: max(r, g, b) - min(r, g, b) < 20,
+    "light-blue": lambda r, g, b: b == max(r, g, b) and b - r > 40 and min(r, g, b) > 110,
+    "green": lambda r, g, b: g == max(r, g, b) and g - max(r, b) > 60,
+}
+
+
+def _word_matches(word: str, plotly_color: str) -> bool:
+    """The caption's colour word describes the trace's colour (a CSS name or a hex string)."""
+    assert word in COLOUR_WORDS, word
+    return COLOUR_WORDS[word](*ImageColor.getrgb(plotly_color)[:3])
+
+
+def _figure(at: AppTest) -> dict:
+    (chart,) = at.get("plotly_chart")
+    return json.loads(chart.proto.spec)
+
+
+def _picture_caption(at: AppTest) -> str:
+    (caption,) = [c.value for c in at.caption if "is Âᵀv = 0" in c.value]
+    return caption
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        {},  # the default group: Â ∝ (2, −1, −1)
+        {"edited": {1: {"reward": 1.0}}},  # two right, one wrong: Â ∝ (1, 1, −2)
+        {"edited": {1: {"reward": 0.5}, 2: {"reward": 1.0}, 0: {"reward": 0.0}}},  # Â ∝ (−1, 0, 1)
+        {"edited": {0: {"reward": 0.2}, 1: {"reward": 0.9}, 2: {"reward": 0.4, "s": 1.5}}},
+    ],
+)
+def test_the_3d_picture_looks_at_the_plane_and_its_caption_says_what_is_drawn(edit):
+    """Plotly's default eye (1.25, 1.25, 1.25) looks along (1, 1, 1), which lies in the plane Âᵀv = 0
+    (Σ Â = 0), so the plane was seen edge-on; the page's camera looks along a direction within ~60° of the
+    normal Â. The caption names the plane's colour and the lines that bound v ≥ 0, as drawn."""
+    at = _run()
+    if edit:
+        _edit(at, **edit)
+    adv = _results(at)["Â"].tolist()
+    assert abs(sum(adv)) < 1e-9  # so (1, 1, 1) lies in the plane
+    spec = _figure(at)
+    scene = spec["layout"]["scene"]
+    # the eye is in the scene's normalised coordinates: a direction in v-space only if the axes are equal
+    assert scene["xaxis"]["range"] == scene["yaxis"]["range"] == scene["zaxis"]["range"]
+    assert scene["aspectmode"] == "cube"
+    eye = scene.get("camera", {}).get("eye", {"x": 1.25, "y": 1.25, "z": 1.25})  # plotly's default
+    e = [eye["x"], eye["y"], eye["z"]]
+    cos = (
+        abs(sum(a * x for a, x in zip(adv, e, strict=True))) / math.dist(adv, [0] * 3) / math.dist(e, [0] * 3)
+    )
+    assert cos >= 0.5, (e, adv)
+    # the caption's colours are the traces' colours, and it claims nothing that is not drawn
+    caption = _picture_caption(at)
+    (plane,) = [t for t in spec["data"] if t["type"] == "mesh3d"]
+    assert _word_matches(re.search(r"The ([\w-]+) plane is Âᵀv = 0", caption)[1], plane["color"])
+    assert "shaded" not in caption and "grey" not in caption
+    edges = [t for t in spec["data"] if t["type"] == "scatter3d" and t["name"].startswith("edge of v ≥ 0")]
+    assert len(edges) == 2
+    word = re.search(r"the two ([\w-]+) lines from the origin bound its part where v ≥ 0", caption)[1]
+    for t in edges:
+        assert _word_matches(word, t["line"]["color"])
+        start, end = (list(p) for p in zip(t["x"], t["y"], t["z"], strict=True))
+        assert start == [0.0, 0.0, 0.0]
+        assert min(end) >= 0.0 and max(end) > 0.1  # a ray into v ≥ 0 …
+        assert abs(sum(a * x for a, x in zip(adv, end, strict=True))) < 1e-9  # … inside the plane
+    assert _word_matches("light-blue", "lightskyblue") and not _word_matches("grey", "lightskyblue")
+
+
+def test_the_2d_picture_caption_names_the_lines_colour():
+    at = _run()
+    _edit(at, deleted=[2])  # G = 2
+    spec = _figure(at)
+    (line,) = [t for t in spec["data"] if t.get("name") == "Âᵀv = 0"]
+    caption = _picture_caption(at)
+    match = re.search(r"The dashed ([\w-]+) line is Âᵀv = 0", caption)
+    assert match and line["line"]["dash"] == "dash" and _word_matches(match[1], line["line"]["color"])
+    (quadrant,) = [t for t in spec["data"] if t.get("fill") == "toself"]  # the shaded v ≥ 0 the caption names
+    assert "green-shaded quadrant is v ≥ 0" in caption and quadrant["name"] == "v ≥ 0 (eq. 51)"
