@@ -127,7 +127,9 @@ class RunConfig:
     """Completions that hit ``max_new_tokens`` without EOS. ``mask`` (DAPO's overlong filtering): they
     leave the loss *and* their group's advantages (mean, std and, under dfpo, the transform), so Σ Â = 0
     over the rows that are trained on and shared tokens still cancel; a group left with fewer than 2
-    rows contributes nothing (logged as ``truncation/dropped_groups``). ``failure_reward`` (DAPO's
+    rows contributes nothing (logged as ``truncation/dropped_groups``); a step whose every completion
+    is truncated takes no update (``truncation/no_update`` = 1, counted in the run's last line; the
+    progress bar says "all completions truncated, no update"). ``failure_reward`` (DAPO's
     overlong punishment, in its simplest form): they get ``failure_reward`` as their reward and stay in
     the loss. ``keep``: no special handling."""
 

@@ -291,16 +291,66 @@ def generate_rollouts(
     if do_sample:
         gen_kwargs.update(temperature=temperature, top_p=top_p, top_k=0)
     seqs = model.generate(input_ids=ids, attention_mask=am, **gen_kwargs)
-    p = ids.shape[1]
-    comp = seqs[:, p:]
-    if comp.shape[1] == 0:
+    batch, stats = score_completions(
+        model, tokenizer, ids, am, seqs[:, ids.shape[1] :],
+        prompts=[x for x in prompts for _ in range(num_generations)],
+        answers=[a for a in answers for _ in range(num_generations)],
+        group_ids=[g for g in group_ids for _ in range(num_generations)],
+        temperature=temperature if do_sample else 1.0, ref_model_ctx=ref_model_ctx, chunk_size=chunk_size,
+    )  # fmt: skip
+    if was_training:
+        model.train()
+    return batch, stats
+
+
+@torch.no_grad()
+def score_completions(
+    model: Any,
+    tokenizer: Any,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    completion_ids: Tensor,
+    *,
+    prompts: list[str],
+    answers: list[str],
+    group_ids: list[int],
+    temperature: float,
+    ref_model_ctx: Any = None,
+    chunk_size: int | None = None,
+) -> tuple[RolloutBatch, dict[str, float]]:
+    """The ``RolloutBatch`` of given completions: what ``generate_rollouts`` returns after sampling.
+
+    Args:
+        prompt_ids, prompt_mask: (B, P) one left-padded prompt per row (repeated for a group's rows).
+        completion_ids: (B, T) the completion tokens; a row ends at its first EOS (whatever follows is
+            replaced by padding), a row without EOS is truncated.
+        prompts, answers, group_ids: one per row.
+        temperature: the sampling policy's T (1.0 for greedy); ``ref_model_ctx``, ``chunk_size``: as in
+            ``generate_rollouts``.
+
+    The completion mask, the truncation flags, the old (and reference) log-probs at ``temperature``
+    and the diagnostics are computed exactly as for sampled completions, so a test can build the batch
+    it needs (chosen lengths, padding, truncated rows) and train on it through the real code.
+    """
+    device = next(model.parameters()).device
+    eos_ids = _eos_ids(model, tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+    if completion_ids.shape[1] == 0:
         raise ValueError("generation produced no tokens: check max_new_tokens > 0")
+    if not (len(prompts) == len(answers) == len(group_ids) == completion_ids.shape[0] == prompt_ids.shape[0]):
+        raise ValueError(
+            f"score_completions: one prompt, answer and group id per completion row; got {len(prompts)}, "
+            f"{len(answers)}, {len(group_ids)} for {prompt_ids.shape[0]} prompt and "
+            f"{completion_ids.shape[0]} completion rows"
+        )
+    prompt_ids, prompt_mask, comp = prompt_ids.to(device), prompt_mask.to(device), completion_ids.to(device)
     mask, truncated = first_eos_mask(comp, eos_ids)
     comp = torch.where(mask.bool(), comp, torch.full_like(comp, pad_id))
-    input_ids = torch.cat([ids, comp], 1)
-    attention_mask = torch.cat([am, mask.long()], 1)
+    input_ids = torch.cat([prompt_ids, comp], 1)
+    attention_mask = torch.cat([prompt_mask, mask.long()], 1)
     t = comp.shape[1]
-    temp = temperature if do_sample else 1.0
+    was_training = model.training
+    model.eval()
     logps, ents, refs = [], [], []
     step = chunk_size or input_ids.shape[0]
     for s in range(0, input_ids.shape[0], step):
@@ -309,7 +359,7 @@ def generate_rollouts(
             input_ids[s : s + step],
             attention_mask[s : s + step],
             t,
-            temperature=temp,
+            temperature=temperature,
             with_entropy=True,
         )
         logps.append(r["logp"])
@@ -317,9 +367,11 @@ def generate_rollouts(
         if ref_model_ctx is not None:
             with ref_model_ctx():
                 ref = completion_logprobs(
-                    model, input_ids[s : s + step], attention_mask[s : s + step], t, temperature=temp
+                    model, input_ids[s : s + step], attention_mask[s : s + step], t, temperature=temperature
                 )
                 refs.append(ref["logp"])
+    if was_training:
+        model.train()
     old_logp = torch.cat(logps) * mask
     entropy = torch.cat(ents)
     texts = tokenizer.batch_decode(comp.masked_fill(~mask.bool(), pad_id), skip_special_tokens=True)
@@ -329,14 +381,14 @@ def generate_rollouts(
         attention_mask=attention_mask,
         completion_mask=mask,
         old_logp=old_logp,
-        group=torch.tensor(group_ids, dtype=torch.long, device=device).repeat_interleave(num_generations),
+        group=torch.tensor(group_ids, dtype=torch.long, device=device),
         advantages=torch.zeros(b, device=device),
         rewards=torch.zeros(b, device=device),
         truncated=truncated,
         ref_logp=(torch.cat(refs) * mask) if refs else None,
-        prompts=[x for x in prompts for _ in range(num_generations)],
+        prompts=list(prompts),
         completions=texts,
-        answers=[a for a in answers for _ in range(num_generations)],
+        answers=list(answers),
     )
     n_tok = mask.sum()
     stats = {
@@ -345,8 +397,6 @@ def generate_rollouts(
         "truncated_frac": float(truncated.float().mean()),
         "tokens_generated": float(n_tok),
     }
-    if was_training:
-        model.train()
     return batch, stats
 
 

@@ -25,9 +25,9 @@ import json
 import os
 import shutil
 import socket
+import sys
 import threading
 import time
-import warnings
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -83,7 +83,15 @@ class RunLock:
                         f"(since {holder.get('started')}): wait for that run, stop it (kill {holder.get('pid')}), "
                         f"or choose another --output_dir. If that run is dead, delete {self.path}."
                     ) from None
-                warnings.warn(f"taking over a stale lock {self.path} ({holder})", stacklevel=2)
+                who = (
+                    "a run"
+                    if holder is None
+                    else f"pid {holder.get('pid')} (started {holder.get('started')})"
+                )
+                # one plain line, not a Python warning with its source line
+                print(
+                    f"warning: taking over the stale lock {self.path}: {who} no longer runs", file=sys.stderr
+                )
                 self.path.unlink(missing_ok=True)
                 continue
             with os.fdopen(fd, "w") as f:
@@ -129,23 +137,26 @@ def existing_run(output_dir: str | Path) -> list[str]:
     return [name for name in RUN_FILES if (d / name).exists()]
 
 
+def refuse_existing_run(output_dir: str | Path, *, resume: bool, overwrite: bool) -> None:
+    """Refuse a fresh run over an existing one (read only: safe to call before taking the lock)."""
+    found = existing_run(output_dir)
+    if found and not (resume or overwrite):
+        raise RunFolderError(
+            f"output_dir {output_dir} already holds a run ({', '.join(found)}): pass --resume true to "
+            f"continue it, --overwrite true to delete it and start again, or choose another --output_dir"
+        )
+
+
 def check_start(output_dir: str | Path, *, resume: bool, overwrite: bool) -> None:
     """Refuse to start a fresh run over an existing one; with ``overwrite`` delete the old run's files.
 
-    Call it with the lock held.
+    Call it with the lock held (the trainer also calls ``refuse_existing_run`` before creating anything).
     """
-    found = existing_run(output_dir)
-    if not found or resume:
-        return
-    if overwrite:
-        for name in found:
+    refuse_existing_run(output_dir, resume=resume, overwrite=overwrite)
+    if overwrite and not resume:
+        for name in existing_run(output_dir):
             p = Path(output_dir) / name
             shutil.rmtree(p) if p.is_dir() else p.unlink()
-        return
-    raise RunFolderError(
-        f"output_dir {output_dir} already holds a run ({', '.join(found)}): pass --resume true to continue "
-        f"it, --overwrite true to delete it and start again, or choose another --output_dir"
-    )
 
 
 def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:

@@ -93,9 +93,15 @@ class RunLogger:
                 if isinstance(v, (int, float)) and math.isfinite(float(v)):
                     self.writer.add_scalar(k, float(v), step)
         if self.bar is not None:
-            post = {k: row[k] for k in ("reward/mean", "accuracy", "loss") if k in row}
-            self.bar.set_postfix({k: f"{v:.3f}" for k, v in post.items()}, refresh=False)
+            post = {k: f"{row[k]:.3f}" for k in ("reward/mean", "accuracy", "loss") if k in row}
+            no_update = row.get("truncation/no_update") == 1.0
+            if no_update:  # no loss to show: say why
+                post.pop("loss", None)
+                post["note"] = "all completions truncated, no update"
+            self.bar.set_postfix(post, refresh=False)
             self.bar.update(1)
+            if no_update:
+                self.bar.refresh()  # shown even when it falls between two of tqdm's timed refreshes
 
     def close(self) -> None:
         if self.writer is not None:

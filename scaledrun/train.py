@@ -93,9 +93,12 @@ Debug hooks
 (the step's ``RolloutBatch`` on CPU, after rewards, truncation and advantages), ``step_<s>_grads.pt``
 (trainable gradients of the step's first optimizer step, after the cross-process reduction, before
 clipping) and ``step_<s>_trainable.pt`` (trainable weights after the step). ``--replay_dir DIR``: a step
-with a file ``DIR/step_<s>_rollouts.pt`` trains on that batch (its completions, masks, old log-probs and
-rewards; advantages are recomputed) instead of sampling. The two-process test dumps both ranks,
-concatenates their step batches and replays them in one process: the gradients and weights must agree.
+with a file ``DIR/rank<k>/step_<s>_rollouts.pt`` (this process's) or ``DIR/step_<s>_rollouts.pt`` trains
+on that batch (its completions, masks, old log-probs and rewards; truncation and advantages are
+applied again) instead of sampling. The two-process test dumps both ranks, concatenates their step
+batches and replays them in one process: the gradients and weights must agree. Tests also replay
+batches they build themselves (``rollout.score_completions``: chosen lengths, truncated rows), so a
+property of the loop is tested on the same batch on every machine.
 
 Loss normalisation across processes
 -----------------------------------
@@ -187,9 +190,16 @@ from .rollout import (
     generate_rollouts,
     generate_texts,
 )
-from .rundir import RunFolderError, RunLock, check_resume_config, check_start, watch_parent
+from .rundir import (
+    RunFolderError,
+    RunLock,
+    check_resume_config,
+    check_start,
+    refuse_existing_run,
+    watch_parent,
+)
 from .runlog import RunLogger
-from .tasks import Task, format_prompt, is_task_file, load_task
+from .tasks import Task, format_prompt, is_task_file, load_task, task_files
 
 #: energy_by_bucket needs the (B, T, V) probabilities of the first mini-batch; skipped above this size.
 ENERGY_MAX_ELEMENTS = 2**26
@@ -207,6 +217,7 @@ STEP_KEYS = (
     "completion_length",
     "truncated_frac",
     "truncation/dropped_groups",
+    "truncation/no_update",
     "entropy",
     *RESIDUAL_KEYS,
     *FLIP_KEYS,
@@ -265,14 +276,7 @@ def load_model_and_tokenizer(cfg: RunConfig) -> tuple[Any, Any]:
     """``from_pretrained`` (dtype from the config), left-padding tokenizer, LoRA unless full fine-tuning."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    local = Path(cfg.model)
-    if (
-        local.is_absolute() or cfg.model.startswith(".") or local.parts[:1] in (("artifacts",), ("runs",))
-    ) and not (local.is_dir()):
-        raise FileNotFoundError(
-            f"config field `model`={cfg.model!r}: no such model folder; build the tiny model with "
-            f"`python -m scaledrun.tiny --out {cfg.model}` or name a hub model"
-        )
+    check_model_source(cfg.model)
     try:
         tokenizer = AutoTokenizer.from_pretrained(cfg.model, padding_side="left")
         model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=getattr(torch, cfg.dtype))
@@ -293,6 +297,89 @@ def load_model_and_tokenizer(cfg: RunConfig) -> tuple[Any, Any]:
             "config field `beta` > 0 needs LoRA (the reference is the base model with the adapter off)"
         )
     return model, tokenizer
+
+
+#: Seconds the hub probe of ``check_model_source`` waits for an answer.
+HUB_PROBE_TIMEOUT_S = 5.0
+
+
+def local_model_folders(root: Path | None = None) -> list[str]:
+    """Folders under ``root`` (the working directory) or ``root/artifacts`` that hold a model (config.json)."""
+    root = Path.cwd() if root is None else root
+    found = [*root.glob("*/config.json"), *root.glob("artifacts/*/config.json")]
+    return sorted({str(p.parent.relative_to(root)) for p in found if not p.parent.name.startswith(".")})
+
+
+def _hub_answer(name: str) -> str | None:
+    """None when the hub serves model ``name`` (or answers unexpectedly); otherwise why it cannot be fetched."""
+    import urllib.error
+    import urllib.request
+
+    from huggingface_hub import constants
+
+    url = f"{constants.ENDPOINT.rstrip('/')}/api/models/{name}"
+    try:
+        urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=HUB_PROBE_TIMEOUT_S)
+    except urllib.error.HTTPError as err:
+        if err.code in (401, 404):
+            return f"the Hugging Face hub has no model {name!r} (HTTP {err.code})"
+        return None  # rate limits, gated models, ...: let from_pretrained report it
+    except (urllib.error.URLError, OSError) as err:
+        reason = getattr(err, "reason", err)
+        return f"the Hugging Face hub ({constants.ENDPOINT}) cannot be reached ({reason})"
+    return None
+
+
+def check_model_source(name: str) -> None:
+    """Fail at once, naming the local model folders, when ``model`` can be neither read nor fetched.
+
+    A local folder must hold ``config.json``. A name that looks like a path (absolute, ``./``, ``~``,
+    under ``artifacts/`` or ``runs/``, more than ``org/name``) and does not exist fails here without
+    touching the network; so does a hub name that is not in the local hub cache when ``HF_HUB_OFFLINE``
+    is set, or when one short request (``HUB_PROBE_TIMEOUT_S``) finds the hub unreachable or without
+    that model. Without this, ``from_pretrained`` spends about 48 s on retries before its own error.
+    """
+    path = Path(name).expanduser()
+    folders = local_model_folders()
+    listing = (
+        f"local model folders here: {', '.join(folders)}"
+        if folders
+        else "no local model folder here; build the tiny model with `python -m scaledrun.tiny --out artifacts/tiny-qwen3`"
+    )
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"config field `model`={name!r}: the folder holds no config.json; {listing}"
+            )
+        return
+    looks_local = (
+        path.is_absolute() or name.startswith((".", "~")) or name.endswith("/") or len(Path(name).parts) > 2
+        or Path(name).parts[:1] in (("artifacts",), ("runs",))
+    )  # fmt: skip
+    if looks_local:
+        reason = "no such folder"
+    else:
+        from huggingface_hub import constants, try_to_load_from_cache
+
+        if isinstance(try_to_load_from_cache(name, "config.json"), str):
+            return  # in the local hub cache: from_pretrained reads it from there
+        if constants.HF_HUB_OFFLINE:
+            reason = "not a local folder, not in the local hub cache, and HF_HUB_OFFLINE is set"
+        else:
+            hub = _hub_answer(name)
+            if hub is None:
+                return
+            reason = f"not a local folder, not in the local hub cache, and {hub}"
+    raise FileNotFoundError(f"config field `model`={name!r}: {reason}; {listing}")
+
+
+def check_task_source(cfg: RunConfig) -> None:
+    """A task file (or each ``{split}`` file it names) must exist before the run folder is touched."""
+    if is_task_file(cfg.task):
+        for split, file in task_files(cfg.task).items():
+            if split == "train" or cfg.num_eval > 0:
+                if not file.is_file():
+                    raise FileNotFoundError(f"config field `task`: task file {file} does not exist")
 
 
 def build_optimizer(cfg: RunConfig, model: Any) -> tuple[torch.optim.Optimizer, Any]:
@@ -798,8 +885,9 @@ def train(
 
     Debug hooks (the two-process test uses them; see "Debug hooks" in the module docstring):
         debug_dir: each process writes ``<debug_dir>/rank<k>/step_<s>_{rollouts,grads,trainable}.pt``.
-        replay_dir: a step ``s`` with a file ``<replay_dir>/step_<s>_rollouts.pt`` (a ``RolloutBatch``
-            saved by ``debug_dir``, or several concatenated) trains on it instead of generating.
+        replay_dir: a step ``s`` with a file ``<replay_dir>/rank<k>/step_<s>_rollouts.pt`` (this
+            process's) or ``<replay_dir>/step_<s>_rollouts.pt`` (a ``RolloutBatch`` saved by
+            ``debug_dir``, several concatenated, or built by a test) trains on it instead of generating.
     """
     from accelerate import Accelerator
 
@@ -810,6 +898,11 @@ def train(
     seed_all(cfg.seed)
     out_dir = Path(cfg.output_dir)
     started = time.perf_counter()
+
+    # ---- everything a user can get wrong is checked before the run folder is created or touched
+    check_model_source(cfg.model)
+    check_task_source(cfg)
+    refuse_existing_run(out_dir, resume=cfg.resume, overwrite=cfg.overwrite)
 
     # ---- the run folder: one writer (main process), no silent replacement, no mixed runs
     lock = RunLock(out_dir)
@@ -826,15 +919,20 @@ def train(
 
 
 def run_summary(out_dir: Path, rows: list[dict[str, float]], start: int, seconds: float) -> str:
-    """The one line a run ends with: folder, steps, final reward, last eval, time."""
+    """The one line a run ends with: folder, steps, final reward, last eval, steps without an update, time."""
     if not rows:
         return f"run {out_dir}: nothing to do (already at its last step), {seconds:.0f} s"
     tail = [r["reward/mean"] for r in rows[-10:]]
     evals = [r for r in rows if "eval/greedy_accuracy" in r]
     last_eval = f"last eval greedy accuracy {evals[-1]['eval/greedy_accuracy']:.3f}" if evals else "no eval"
+    cut = sum(r.get("truncation/no_update", 0.0) == 1.0 for r in rows)
+    no_update = (
+        f", {cut} step{'s' if cut != 1 else ''} with every completion truncated (no update)" if cut else ""
+    )
+    steps = f"{len(rows)} new step{'s' if len(rows) != 1 else ''} up to step {len(rows) + start}"
     return (
-        f"run {out_dir}: {len(rows)} new step{'s' if len(rows) != 1 else ''} up to step {len(rows) + start}, reward {sum(tail) / len(tail):.3f} (mean of the last "
-        f"{len(tail)} steps), {last_eval}, {seconds:.0f} s"
+        f"run {out_dir}: {steps}, reward {sum(tail) / len(tail):.3f} (mean of the last {len(tail)} steps), "
+        f"{last_eval}{no_update}, {seconds:.0f} s"
     )
 
 
@@ -885,11 +983,11 @@ def _train(
         dump = None if debug_dir is None else Path(debug_dir) / f"rank{rank}"
 
         # ---- 1. rollouts: G completions for each of this process's prompts
-        replay = None if replay_dir is None else Path(replay_dir) / f"step_{step:06d}_rollouts.pt"
-        replayed = replay is not None and replay.is_file()
+        replay = None if replay_dir is None else replay_file(Path(replay_dir), rank, step)
+        replayed = replay is not None
         if replayed:
             # debug: train on saved rollouts (their texts, masks and rewards) instead of sampling
-            batch = torch.load(replay, map_location=accelerator.device, weights_only=False)
+            batch = torch.load(replay, map_location="cpu", weights_only=False).to(accelerator.device)
             roll = _replay_stats(batch)
         else:
             mine = step_prompts(train_tasks, step, cfg.prompts_per_step, rank, world, cfg.seed)
@@ -956,6 +1054,7 @@ def _train(
         totals = _sum_over_processes(accelerator, {
             "reward_failures": float(failures), "tokens_generated": roll["tokens_generated"],
             "truncation/dropped_groups": float(dropped_groups(batch.group, valid)),
+            "loss_tokens": 0.0 if update_batch is None else float(update_batch.completion_mask.sum()),
         })  # fmt: skip
         meter = MeterTotals.from_list(_sum_list(accelerator, res.meter.as_list()))
         dt = time.perf_counter() - t0
@@ -966,6 +1065,8 @@ def _train(
             "accuracy": float((all_rewards >= 1.0).float().mean()),
             "reward_failures": totals["reward_failures"],
             "truncation/dropped_groups": totals["truncation/dropped_groups"],
+            # an update batch whose every completion was truncated (and masked): nothing to learn from
+            "truncation/no_update": float(update_batch is not None and totals["loss_tokens"] == 0),
             **meter.residuals(),
             "lr": scheduler.get_last_lr()[0],
             "opt_steps": float(res.opt_steps),
@@ -1032,6 +1133,15 @@ def _has_accelerator() -> bool:
         return True
     mps = getattr(torch.backends, "mps", None)
     return bool(mps is not None and mps.is_available())
+
+
+def replay_file(replay_dir: Path, rank: int, step: int) -> Path | None:
+    """The batch this process replays at ``step``: its own rank's file first, then the shared one."""
+    name = f"step_{step:06d}_rollouts.pt"
+    for path in (replay_dir / f"rank{rank}" / name, replay_dir / name):
+        if path.is_file():
+            return path
+    return None
 
 
 def _replay_stats(batch: RolloutBatch) -> dict[str, float]:

@@ -34,7 +34,9 @@ from scaledrun.config import load_config
 from scaledrun.rollout import concat_batches
 from scaledrun.runlog import read_metrics
 
+from ..conftest import THREADS
 from .conftest import LENGTH_REWARD
+from .test_train import replay_dir
 
 REPO = Path(__file__).resolve().parents[2]
 RTOL = 1e-5
@@ -69,7 +71,7 @@ def _launch_two(cfg_file: Path, out: Path, dbg: Path, *extra: str) -> None:
         "--import", "tests.scaledrun.conftest",  # registers the test reward in the launched processes
         "--config", str(cfg_file), "--output_dir", str(out), "--debug_dir", str(dbg), *extra,
     ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "PYTHONPATH": str(REPO)}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
 
@@ -175,10 +177,11 @@ def test_two_processes_with_micro_batches_of_one_match_one_process_in_one_pass(t
     """DFPO (positive QP) in two processes with micro-batches of 1 row = one process, whole mini-batches.
 
     Off-policy (2 inner epochs at GSPO's ε: clipped sequences in the second) and truncated
-    completions (4 tokens at T = 1.5): the first gradient and the weights after every step agree to
-    1e-5, and the cancellation meter, summed over the processes, keeps DFPO's sequence_net_residual
-    ≤ 1e-6. One mini-batch per inner epoch: a split into several would draw different mini-batches in
-    one process than in two (several mini-batches are tested in one process, ``test_update.py``).
+    completions (4 tokens; step 1 replays a chosen batch on each rank, with truncated rows on both,
+    step 2 samples at T = 1.5): the first gradient and the weights after every step agree to 1e-5, and
+    the cancellation meter, summed over the processes, keeps DFPO's sequence_net_residual ≤ 1e-6. One
+    mini-batch per inner epoch: a split into several would draw different mini-batches in one process
+    than in two (several mini-batches are tested in one process, ``test_update.py``).
     """
     cfg = {
         "model": str(tiny_model), "steps": 2, "group_size": 4, "prompts_per_step": 2, "max_new_tokens": 4,
@@ -189,14 +192,19 @@ def test_two_processes_with_micro_batches_of_one_match_one_process_in_one_pass(t
     cfg_file = tmp_path / "cfg.yaml"
     cfg_file.write_text(yaml.safe_dump(cfg))
     out2, dbg2 = tmp_path / "run2", tmp_path / "debug2"
-    _launch_two(cfg_file, out2, dbg2, "--micro_batch_size", "1")
+    chosen = load_config(str(cfg_file), ["--output_dir", str(tmp_path / "unused")])
+    for rank, lengths in enumerate(([[2, None, 3, 4], [None, 1, 4, None]], [[3, 2, None, 4], [4, 4, 1, 2]])):
+        replay_dir(
+            tmp_path / "chosen", chosen, lengths, rank=rank, first=2 * rank
+        )  # each rank its own groups
+    _launch_two(cfg_file, out2, dbg2, "--micro_batch_size", "1", "--replay_dir", str(tmp_path / "chosen"))
     rows2 = read_metrics(out2)
     assert [r["step"] for r in rows2] == [1, 2]
     for r in rows2:
         assert r["opt_steps"] == 2 and r["sequence_net_residual"] <= 1e-6, r
-    assert any(r["clip/frac"] > 0 for r in rows2)
+    assert rows2[0]["clip/frac"] > 0
     truncated = [_load(dbg2 / f"rank{k}" / "step_000001_rollouts.pt").truncated for k in (0, 1)]
-    assert 0 < int(sum(t.sum() for t in truncated)) < 16
+    assert [int(t.sum()) for t in truncated] == [3, 1]
 
     replay = tmp_path / "replay"
     _replay_union(tiny_model, dbg2, replay, 2)
@@ -250,7 +258,7 @@ def test_ddp_config_file_launches(tiny_model, tmp_path):
         "--prompts_per_step", "1", "--max_new_tokens", "4", "--eval_every", "0", "--num_eval", "0",
         "--num_train", "8", "--debug_dir", str(dbg),
     ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "PYTHONPATH": str(REPO)}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     w = [_load(dbg / f"rank{k}" / "step_000001_trainable.pt") for k in (0, 1)]

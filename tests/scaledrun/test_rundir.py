@@ -32,7 +32,7 @@ time.sleep(60)
 """
 
 
-def test_a_live_holder_is_named_and_a_dead_one_is_taken_over(tmp_path):
+def test_a_live_holder_is_named_and_a_dead_one_is_taken_over(tmp_path, capsys):
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLD, str(tmp_path)], stdout=subprocess.PIPE, text=True, cwd=os.getcwd()
     )
@@ -44,8 +44,16 @@ def test_a_live_holder_is_named_and_a_dead_one_is_taken_over(tmp_path):
         holder.kill()  # kill -9: the lock file stays behind, its pid is gone
         holder.wait()
     assert (tmp_path / LOCK_FILE).is_file()
-    with pytest.warns(UserWarning, match="stale lock"):
+    dead = json.loads((tmp_path / LOCK_FILE).read_text())
+    pid, started = dead["pid"], dead["started"]
+    capsys.readouterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no Python warning (with its source line) any more
         lock = RunLock(tmp_path).acquire()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"warning: taking over the stale lock {tmp_path / LOCK_FILE}: pid {pid} (started {started}) no longer runs"
+    ]
     assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
     lock.release()
     assert not (tmp_path / LOCK_FILE).exists()

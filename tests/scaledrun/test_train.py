@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import socket
 import zlib
 
 import pytest
@@ -17,20 +18,20 @@ from transformers import AutoModelForCausalLM
 import scaledrun.train as tr
 from cancellation import compute_loss
 from scaledrun.config import RunConfig, load_config
-from scaledrun.rollout import generate_rollouts
+from scaledrun.rewards import REWARDS
+from scaledrun.rollout import generate_rollouts, score_completions
 from scaledrun.runlog import read_metrics
 from scaledrun.tasks import format_prompt
 
+from ..conftest import SEED
 from .conftest import LENGTH_REWARD
-
-torch.set_num_threads(1)
 
 
 def make_cfg(model_dir, out_dir, **kw) -> RunConfig:
     base = dict(
         model=str(model_dir), output_dir=str(out_dir), steps=1, group_size=4, prompts_per_step=2,
         max_new_tokens=8, eval_every=0, save_every=0, warmup_ratio=0.0, num_train=50, num_eval=8,
-        reward=LENGTH_REWARD, lr=1e-2,
+        reward=LENGTH_REWARD, lr=1e-2, seed=SEED,
     )  # fmt: skip
     base.update(kw)
     return RunConfig(**base)
@@ -77,15 +78,55 @@ def test_one_step_per_objective(tiny_model, tmp_path, objective, params):
     assert any((tmp_path / "run" / "tb").iterdir())
 
 
-def _rollout(cfg, model, tokenizer, seed=0, temperature=1.0):
-    torch.manual_seed(seed)
-    tasks = tr.load_tasks(cfg, "train", cfg.num_train)[: cfg.prompts_per_step]
-    batch, stats = generate_rollouts(
-        model, tokenizer, [format_prompt(tokenizer, t.prompt) for t in tasks], [t.answer for t in tasks],
-        list(range(len(tasks))), num_generations=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
-        temperature=temperature, top_p=1.0,
+#: Completion lengths of the chosen batch ``_rollout`` builds (tokens, EOS included; None: no EOS
+#: within ``max_new_tokens``, a truncated row): unequal within each group, so rows are padded.
+LENGTHS = [[2, 5, 3, 7], [4, 1, 6, None]]
+
+
+def _rollout(cfg, model, tokenizer, temperature=1.0, lengths=None, first=0):
+    """A batch of chosen completions of the first train prompts, scored by the real code at ``temperature``.
+
+    Group k answers prompt k (every odd one with a short preamble, so prompts of unequal length are
+    left-padded); row j of a group holds the digit 1 (a token the group shares), then the digits
+    (j + i) mod 10 up to its length, then EOS: distinct texts (so the test reward differs within a
+    group), unequal lengths and right padding, whatever this machine's model would have sampled. ``scaledrun.rollout.score_completions``
+    computes the masks, truncation flags and old log-probs as for sampled completions. ``first``: the
+    first train prompt (and group id) used. The rewards are the test reward of each text.
+    """
+    lengths = LENGTHS if lengths is None else lengths
+    width = cfg.max_new_tokens
+    assert all(n is None or 1 <= n <= width for row in lengths for n in row)
+    tasks = tr.load_tasks(cfg, "train", cfg.num_train)[first : first + len(lengths)]
+    digits = [tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)]
+    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    prompts, answers, groups, completions = [], [], [], []
+    for k, (task, row_lengths) in enumerate(zip(tasks, lengths, strict=True)):
+        for j, n in enumerate(row_lengths):
+            size = width if n is None else n - 1  # tokens before the EOS
+            body = [digits[1], *(digits[(j + i) % 10] for i in range(size - 1))][:size]
+            tail = [] if n is None else [eos]
+            completions.append(body + tail + [pad] * (width - len(body) - len(tail)))
+            prompts.append(format_prompt(tokenizer, ("Quick one. " if k % 2 else "") + task.prompt))
+            answers.append(task.answer)
+            groups.append(first + k)
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    batch, stats = score_completions(
+        model, tokenizer, enc["input_ids"], enc["attention_mask"], torch.tensor(completions),
+        prompts=prompts, answers=answers, group_ids=groups, temperature=temperature,
     )  # fmt: skip
+    batch.rewards = torch.tensor(REWARDS[LENGTH_REWARD](batch.prompts, batch.completions, batch.answers))
     return batch, stats
+
+
+def replay_dir(root, cfg, lengths, step=1, rank=None, first=0):
+    """Write a chosen batch (``_rollout(lengths=...)``, scored by ``cfg``'s model at its temperature) as
+    the batch the trainer replays at ``step`` (``--replay_dir``; ``rank``: that process's only)."""
+    model, tokenizer = tr.load_model_and_tokenizer(cfg)
+    batch, _ = _rollout(cfg, model, tokenizer, temperature=cfg.temperature, lengths=lengths, first=first)
+    folder = root if rank is None else root / f"rank{rank}"
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save(batch, folder / f"step_{step:06d}_rollouts.pt")
+    return root
 
 
 def _own_logp(model, batch, temperature=1.0):
@@ -107,19 +148,36 @@ def _own_logp(model, batch, temperature=1.0):
     return torch.stack(rows), torch.stack(ents)
 
 
-def test_old_logprobs_and_entropy_are_those_of_the_sampling_temperature(tiny_model, tmp_path):
-    cfg = make_cfg(tiny_model, tmp_path)
-    model, tokenizer = tr.load_model_and_tokenizer(cfg)
-    model.eval()
-    batch, stats = _rollout(cfg, model, tokenizer, temperature=0.6)
+def _check_logprobs_at(model, batch, stats, temperature):
     mask = batch.completion_mask
     with torch.no_grad():
-        at_t, ent_t = _own_logp(model, batch, 0.6)
+        at_t, ent_t = _own_logp(model, batch, temperature)
         at_1, _ = _own_logp(model, batch, 1.0)
     torch.testing.assert_close(batch.old_logp, at_t * mask, atol=1e-5, rtol=0)
     assert float(((batch.old_logp - at_1) * mask).abs().max()) > 1e-2  # T = 1 would be visibly different
     # the logged entropy: the mean over completion tokens of the sampling policy's entropy
     assert math.isclose(stats["entropy"], float((ent_t * mask).sum() / mask.sum()), rel_tol=1e-5)
+
+
+def test_old_logprobs_and_entropy_are_those_of_the_sampling_temperature(tiny_model, tmp_path):
+    """At T = 0.6, on a chosen batch with left-padded prompts and right-padded completions of unequal
+    lengths (and a truncated row), and on what ``generate_rollouts`` samples."""
+    cfg = make_cfg(tiny_model, tmp_path)
+    model, tokenizer = tr.load_model_and_tokenizer(cfg)
+    model.eval()
+    batch, stats = _rollout(cfg, model, tokenizer, temperature=0.6)
+    lengths = batch.completion_mask.sum(1)
+    assert len(set(lengths.tolist())) > 1 and bool(batch.truncated.any())  # padding to get right
+    assert len(set(batch.attention_mask[:, : batch.prompt_len].sum(1).tolist())) > 1  # and left padding
+    _check_logprobs_at(model, batch, stats, 0.6)
+    tasks = tr.load_tasks(cfg, "train", cfg.num_train)[: cfg.prompts_per_step]
+    torch.manual_seed(SEED)
+    sampled, sampled_stats = generate_rollouts(
+        model, tokenizer, [format_prompt(tokenizer, t.prompt) for t in tasks], [t.answer for t in tasks],
+        list(range(len(tasks))), num_generations=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
+        temperature=0.6, top_p=1.0,
+    )  # fmt: skip
+    _check_logprobs_at(model, sampled, sampled_stats, 0.6)
 
 
 def test_first_on_policy_ratio_is_exactly_one_with_temperature_and_lora_dropout(
@@ -240,8 +298,7 @@ def test_lopti_stages_are_compute_loss_with_stage_advantages(tiny_model, tmp_pat
     from cancellation.batching import lopti_masks
     from cancellation.update import lopti_stage_advantages
 
-    eta = 0.5
-    cfg = make_cfg(tiny_model, tmp_path, objective=objective, lopti_eta=eta, grad_clip=None, epsilon_low=0.2,
+    cfg = make_cfg(tiny_model, tmp_path, objective=objective, lopti_eta=0.5, grad_clip=None, epsilon_low=0.2,
                    epsilon_high=0.2)  # fmt: skip
     model, tokenizer = tr.load_model_and_tokenizer(cfg)
     batch, _ = _rollout(cfg, model, tokenizer)
@@ -251,6 +308,10 @@ def test_lopti_stages_are_compute_loss_with_stage_advantages(tiny_model, tmp_pat
     batch.old_logp = (
         batch.old_logp + 0.05 * torch.linspace(-1, 1, len(batch))[:, None] * batch.completion_mask
     )
+    # η halfway between the two middle distinct π_old: both stages hold tokens whatever this model's π are
+    pis = batch.old_logp.exp()[batch.completion_mask.bool()].unique()
+    eta = float(pis[len(pis) // 2 - 1] + pis[len(pis) // 2]) / 2
+    cfg = RunConfig(**{**cfg.__dict__, "lopti_eta": eta})
     recorder = _RecordingOptimizer(model)
     res = tr.update(cfg, Accelerator(cpu=True), model, recorder, batch, adv, torch.Generator().manual_seed(0))
     mask = batch.completion_mask
@@ -294,18 +355,27 @@ def test_reward_balanced_buffer_meets_rho(tiny_model, tmp_path, monkeypatch):
     assert all(r["buffer_groups"] <= tr.BUFFER_CAPACITY * 2 for r in rows)
 
 
+#: Chosen completion lengths of a step with truncated rows (None) at ``max_new_tokens`` 4: group 1
+#: keeps a single completion, so masking the truncated ones drops that group.
+TRUNCATED_LENGTHS = [[2, None, 3, 4], [None, None, None, 3], [2, 3, 4, 1], [None, 2, 3, None]]
+
+
 @pytest.mark.parametrize("truncation", ["mask", "failure_reward", "keep"])
 def test_truncation_policies(tiny_model, tmp_path, truncation):
-    """What each policy does to the dumped step batch, checked row by row against the raw rewards."""
+    """What each policy does to the dumped step batch, checked row by row against the raw rewards.
+
+    The step trains on a chosen batch (``--replay_dir``) with truncated rows in three of four groups.
+    """
     dbg = tmp_path / "dbg"
     cfg = make_cfg(
         tiny_model, tmp_path / "run", truncation=truncation, max_new_tokens=4, temperature=1.5, prompts_per_step=4,
         failure_reward=-1.0,
     )  # fmt: skip
-    row = tr.train(cfg, debug_dir=dbg).rows[0]
+    replay = replay_dir(tmp_path / "replay", cfg, TRUNCATED_LENGTHS)
+    row = tr.train(cfg, debug_dir=dbg, replay_dir=replay).rows[0]
     b = torch.load(dbg / "rank0" / "step_000001_rollouts.pt", weights_only=False)
     cut = b.truncated
-    assert 0 < int(cut.sum()) < len(b)  # some completions truncated, not all
+    assert cut.tolist() == [n is None for lengths in TRUNCATED_LENGTHS for n in lengths]
     raw = torch.tensor([(zlib.crc32(c.encode()) % 101) / 100.0 for c in b.completions])  # the test reward
     eos_mask = b.attention_mask[:, b.prompt_len :].float()  # through the first EOS, every row
     groups = {g: [i for i, x in enumerate(b.group.tolist()) if x == g] for g in set(b.group.tolist())}
@@ -319,7 +389,7 @@ def test_truncation_policies(tiny_model, tmp_path, truncation):
             kept = [i for i in rows if not bool(cut[i])]
             dropped += len(kept) < 2
             assert abs(sum(float(b.advantages[i]) for i in kept)) < 1e-5  # Σ Â = 0 over the rows in the loss
-        assert row["truncation/dropped_groups"] == dropped
+        assert row["truncation/dropped_groups"] == dropped == 1
     else:
         torch.testing.assert_close(b.completion_mask, eos_mask)
         want = torch.where(cut, torch.full_like(raw, -1.0), raw) if truncation == "failure_reward" else raw
@@ -327,6 +397,21 @@ def test_truncation_policies(tiny_model, tmp_path, truncation):
         for rows in groups.values():
             assert abs(sum(float(b.advantages[i]) for i in rows)) < 1e-5
         assert row["truncation/dropped_groups"] == 0
+
+
+def test_a_step_whose_completions_are_all_truncated_takes_no_update_and_says_so(tiny_model, tmp_path, capsys):
+    """Step 1 replays a batch whose every completion is truncated (masked out of the loss): no optimizer
+    step, no loss, ``truncation/no_update`` = 1, the progress bar and the last line say so; step 2 samples
+    and trains as usual."""
+    cfg = make_cfg(tiny_model, tmp_path / "run", steps=2, max_new_tokens=4)
+    replay = replay_dir(tmp_path / "replay", cfg, [[None] * 4, [None] * 4])
+    rows = tr.train(cfg, replay_dir=replay).rows
+    assert rows[0]["truncated_frac"] == 1.0 and rows[0]["opt_steps"] == 0.0 and math.isnan(rows[0]["loss"])
+    assert [r["truncation/no_update"] for r in rows] == [1.0, 0.0 if rows[1]["truncated_frac"] < 1 else 1.0]
+    out = capsys.readouterr()
+    assert "all completions truncated, no update" in out.err
+    cut = int(sum(r["truncation/no_update"] for r in rows))
+    assert f"{cut} step{'s' if cut > 1 else ''} with every completion truncated (no update)" in out.out
 
 
 def test_eval_keys(tiny_model, tmp_path):
@@ -337,8 +422,70 @@ def test_eval_keys(tiny_model, tmp_path):
 
 def test_missing_model_folder_names_the_field(tmp_path):
     cfg = make_cfg(tmp_path / "no_such_model", tmp_path / "x")
-    with pytest.raises(FileNotFoundError, match="`model`"):
+    with pytest.raises(FileNotFoundError, match=r"`model`.*no such folder"):
         tr.train(cfg)
+
+
+@pytest.fixture
+def hub(monkeypatch):
+    """The hub settings ``check_model_source`` reads (huggingface_hub reads its env vars at import)."""
+    from huggingface_hub import constants
+
+    with socket.socket() as sock:  # a port nothing listens on: a request there is refused at once
+        sock.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    monkeypatch.setattr(constants, "ENDPOINT", closed)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    return constants
+
+
+def test_a_model_name_that_is_no_folder_fails_at_once_naming_the_local_folders(tmp_path, monkeypatch, hub):
+    """``--model tiny-qwen3`` (the folder is artifacts/tiny-qwen3): no hub retries, the local folders named."""
+    (tmp_path / "artifacts" / "tiny-x").mkdir(parents=True)
+    (tmp_path / "artifacts" / "tiny-x" / "config.json").write_text("{}")
+    (tmp_path / "artifacts" / "not-a-model").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError) as err:  # hub unreachable (a closed local port)
+        tr.check_model_source("tiny-qwen3")
+    assert "cannot be reached" in str(err.value) and "local model folders here: artifacts/tiny-x" in str(
+        err.value
+    )
+    assert "not-a-model" not in str(err.value)
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", True)
+    with pytest.raises(
+        FileNotFoundError, match="HF_HUB_OFFLINE is set; local model folders here: artifacts/tiny-x"
+    ):
+        tr.check_model_source("tiny-qwen3")
+    for path in ("artifacts/tiny-qwen3", "./tiny-qwen3", str(tmp_path / "m"), "a/b/c"):  # paths: no network
+        with pytest.raises(
+            FileNotFoundError, match=r"no such folder; local model folders here: artifacts/tiny-x"
+        ):
+            tr.check_model_source(path)
+    with pytest.raises(FileNotFoundError, match=r"holds no config\.json"):
+        tr.check_model_source("artifacts/not-a-model")
+    tr.check_model_source("artifacts/tiny-x")  # a model folder passes
+    (tmp_path / "artifacts" / "tiny-x" / "config.json").unlink()
+    with pytest.raises(FileNotFoundError, match="no local model folder here; build the tiny model"):
+        tr.check_model_source("tiny-qwen3")
+
+
+@pytest.mark.parametrize("what", ["model", "task"])
+def test_a_refused_run_creates_no_folder(tiny_model, tmp_path, capsys, hub, what):
+    """Everything is checked before the run folder is created: a refused run leaves nothing behind."""
+    out = tmp_path / "runs" / "new"
+    bad = {"model": ["--model", str(tmp_path / "no_model")], "task": ["--task", str(tmp_path / "no.jsonl")]}
+    argv = [
+        "--config",
+        "scaledrun/configs/default.yaml",
+        "--model",
+        str(tiny_model),
+        "--output_dir",
+        str(out),
+    ]
+    with pytest.raises(SystemExit) as exit_info:
+        tr.main(argv + bad[what])
+    assert exit_info.value.code == 2 and f"`{what}`" in capsys.readouterr().err
+    assert not out.exists() and not out.parent.exists()
 
 
 @pytest.mark.parametrize(

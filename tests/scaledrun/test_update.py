@@ -22,9 +22,15 @@ from cancellation import compute_loss
 from cancellation.transforms import TRANSFORMS
 from scaledrun.config import RunConfig
 
-from .test_train import _flat, _own_logp, _RecordingOptimizer, _rollout, make_cfg
-
-torch.set_num_threads(1)
+from .test_train import (
+    TRUNCATED_LENGTHS,
+    _flat,
+    _own_logp,
+    _RecordingOptimizer,
+    _rollout,
+    make_cfg,
+    replay_dir,
+)
 
 #: (objective, its config fields): every objective, both gspo estimators, the four DFPO transforms
 #: (paper estimator), the ppo_clip variant and Table 3's no-stop-grad ablation. ε 0.03 with ratios in
@@ -48,7 +54,11 @@ def _id(variant):
 
 @pytest.fixture(scope="module")
 def setup(tiny_model, tmp_path_factory):
-    """One model (weights never change: a recording optimizer) and one off-policy batch of 2 groups of 4."""
+    """One model (weights never change: a recording optimizer) and one off-policy batch of 2 groups of 4.
+
+    The completions are chosen (``test_train._rollout``: unequal lengths, padding, a truncated row), not
+    sampled, so the batch is the same on every machine; only its log-probs come from the model.
+    """
     from accelerate import Accelerator
 
     cfg = make_cfg(tiny_model, tmp_path_factory.mktemp("mb"), grad_clip=None)
@@ -124,35 +134,38 @@ def test_the_old_per_micro_batch_loss_is_not_the_gradient(setup):
 
 
 #: Through the real loop: clipping (GSPO's default ε, 2 inner epochs), 2 mini-batches, micro-batches of
-#: 3 (groups of 4 split), truncation at 4 tokens with T = 1.5 (1-2 completions of most groups truncated).
+#: 3 (groups of 4 split), truncation at 4 tokens. Step 1 trains on a chosen batch (``--replay_dir``) with
+#: unequal lengths and truncated rows in three of its four groups, whatever this machine's model samples;
+#: step 2 samples at T = 1.5.
 LOOP = dict(
     inner_epochs=2, num_minibatches=2, micro_batch_size=3, max_new_tokens=4, temperature=1.5, prompts_per_step=4,
     steps=2, truncation="mask", lr=2e-3,
 )  # fmt: skip
 
 
+def _loop(tiny_model, root, **kw):
+    cfg = make_cfg(tiny_model, root / "run", **{**LOOP, **kw})
+    return tr.train(cfg, replay_dir=replay_dir(root / "replay", cfg, TRUNCATED_LENGTHS)).rows
+
+
 @pytest.mark.parametrize("transform", list(TRANSFORMS))
 def test_dfpo_sequence_net_residual_is_zero_in_the_loop(tiny_model, tmp_path, transform):
-    rows = tr.train(
-        make_cfg(tiny_model, tmp_path / "run", objective="dfpo", transform=transform, **LOOP)
-    ).rows
+    rows = _loop(tiny_model, tmp_path, objective="dfpo", transform=transform)
     assert all(r["opt_steps"] == 4 for r in rows)
-    assert any(r["truncated_frac"] > 0 for r in rows) and any(r["clip/frac"] > 0 for r in rows)
+    # at GSPO's ε (3e-4 / 4e-4) the second inner epoch's sequence ratios are outside the band
+    assert rows[0]["truncated_frac"] == 0.375 and rows[0]["clip/frac"] > 0
     for r in rows:
         assert r["sequence_net_residual"] <= 1e-6, (r["step"], r["sequence_net_residual"])
 
 
 def test_sequence_net_residual_is_not_zero_without_the_paper_estimator(tiny_model, tmp_path):
-    """Contrasts: DFPO's ppo_clip variant silences clipped sequences; GRPO's token-mean weighs by length."""
-    rows = tr.train(
-        make_cfg(tiny_model, tmp_path / "pc", objective="dfpo", estimator="ppo_clip", **LOOP)
-    ).rows
-    assert max(r["sequence_net_residual"] for r in rows) > 1e-2
-    plain = {**LOOP, "inner_epochs": 1, "num_minibatches": 1, "micro_batch_size": 0, "truncation": "keep"}
-    rows = tr.train(
-        make_cfg(tiny_model, tmp_path / "g", objective="grpo", aggregation="token-mean", **plain)
-    ).rows
-    assert max(r["sequence_net_residual"] for r in rows) > 1e-2
+    """Contrasts on the same chosen step: DFPO's ppo_clip variant silences clipped sequences; GRPO's
+    token-mean weighs completions by their (unequal) lengths."""
+    rows = _loop(tiny_model, tmp_path / "pc", objective="dfpo", estimator="ppo_clip")
+    assert rows[0]["sequence_net_residual"] > 1e-2
+    plain = {"inner_epochs": 1, "num_minibatches": 1, "micro_batch_size": 0, "truncation": "keep"}
+    rows = _loop(tiny_model, tmp_path / "g", objective="grpo", aggregation="token-mean", **plain)
+    assert rows[0]["sequence_net_residual"] > 1e-2
 
 
 def test_lopti_stages_are_taken_together_by_all_processes():
