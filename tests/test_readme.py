@@ -253,6 +253,7 @@ def runnable_argv(cmd: Command) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.sampling
 def test_readme_quick_commands_run(tmp_path):
     env = {
         **os.environ,

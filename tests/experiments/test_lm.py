@@ -21,6 +21,9 @@ from experiments.lm import LM_ARMS, ensure_model, run_lm
 from experiments.study import StudyResult
 from scaledrun.rewards import REWARDS, register_reward
 
+#: trains or samples the tiny model (``tests/machines.py`` reruns it as other machines would)
+pytestmark = pytest.mark.sampling
+
 PAGE = Path(__file__).resolve().parents[2] / "app/views/runs.py"
 #: A reward that varies within almost every group (the barely warm-started model never answers right).
 HASH_REWARD = "test_lm_hash"

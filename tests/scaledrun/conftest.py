@@ -9,6 +9,8 @@ import pytest
 from scaledrun.rewards import REWARDS, register_reward
 from scaledrun.tiny import build_tiny
 
+from ..conftest import SEED
+
 #: Supervised warm-start steps of the session's tiny model (about 20 s on 2 CPU cores).
 TINY_WARM_STEPS = 200
 #: A reward that varies within almost every group (so every step has non-zero advantages).
@@ -28,6 +30,6 @@ def tiny_model(tmp_path_factory):
     return build_tiny(
         tmp_path_factory.mktemp("tiny_train") / "model",
         "arithmetic",
-        seed=0,
+        seed=SEED,
         warm_start_steps=TINY_WARM_STEPS,
     )

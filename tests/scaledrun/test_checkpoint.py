@@ -18,8 +18,6 @@ from scaledrun.runlog import read_metrics
 
 from .test_train import make_cfg
 
-torch.set_num_threads(1)
-
 
 def _comparable(row):
     return {k: v for k, v in row.items() if not k.startswith("time/")}

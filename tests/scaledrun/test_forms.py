@@ -14,8 +14,6 @@ from scaledrun.rewards import exact_match
 from scaledrun.tasks import TASKS, format_prompt, load_task
 from scaledrun.tiny import EOS_TOKEN, _sft_batch, _tokenizer_corpus, make_model, train_tokenizer, warm_start
 
-torch.set_num_threads(1)
-
 TEMPERATURE = 0.7
 
 

@@ -23,6 +23,7 @@ from scaledrun.checkpoint import latest_checkpoint
 from scaledrun.rundir import RunFolderError
 from scaledrun.runlog import read_metrics
 
+from ..conftest import THREADS
 from .test_multiprocess import REPO, _free_port
 from .test_train import make_cfg
 
@@ -107,7 +108,7 @@ def test_kill_9_of_the_launcher_stops_its_workers_and_the_run_resumes(tiny_model
         "--main_process_port", str(_free_port()), "-m", "scaledrun.train",
         "--import", "tests.scaledrun.conftest", "--config", str(cfg_file), "--output_dir", str(out),
     ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "PYTHONPATH": str(REPO)}
     launcher = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 240

@@ -278,7 +278,13 @@ def test_exercises_ship_unsolved_with_solutions(path: Path) -> None:
         assert func.name in sol, func.name
 
 
-@pytest.mark.parametrize("path", TUTORIALS, ids=[p.stem for p in TUTORIALS])
+#: Tutorial 8 samples from and trains the tiny Qwen3: a ``sampling`` test (``tests/machines.py``).
+EXECUTED = [
+    pytest.param(p, marks=pytest.mark.sampling) if p.stem == "08_from_toy_to_lm" else p for p in TUTORIALS
+]
+
+
+@pytest.mark.parametrize("path", EXECUTED, ids=[p.stem for p in TUTORIALS])
 def test_tutorial_executes(path: Path, kernel_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JUPYTER_PATH", str(kernel_path))
     nb = jupytext.read(path)
