@@ -27,14 +27,10 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from experiments.machines import INSTRUCTION_SETS
 
-_AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
-_NO_SIMD = {
-    "ATEN_CPU_CAPABILITY": "default",
-    "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
-    "ONEDNN_MAX_CPU_ISA": "SSE41",
-}
+REPO = Path(__file__).resolve().parents[1]
+_AVX2, _NO_SIMD = INSTRUCTION_SETS["avx2"], INSTRUCTION_SETS["nosimd"]
 
 #: name -> environment. The suite's own run (seed 0, 1 thread, this CPU's instructions) is the default;
 #: each profile here changes the seed and the kernels or the thread count.

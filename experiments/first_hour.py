@@ -1,0 +1,236 @@
+"""The README's first hour, measured as several machines would run it: ``docs/first-hour.md``.
+
+    python -m experiments.first_hour                  # 3 instruction sets × 3 seeds × GRPO / GRPO-fix
+    python -m experiments.first_hour --report-only    # rewrite docs/first-hour.md from the finished runs
+
+The first hour builds the tiny model (``python -m scaledrun.tiny --out artifacts/tiny-qwen3``: a warm
+start stopped at greedy accuracy 0.5) and trains GRPO and GRPO-fix with
+``scaledrun/configs/offpolicy.yaml`` (200 steps). What a newcomer sees depends on the machine: its CPU's
+kernels change the warm-started model and every token it samples. This command runs that protocol under
+each instruction set of ``experiments.machines`` (this CPU's own, AVX2, no SIMD: three "machines") and
+with several training seeds, each as its own subprocess, and writes per run what the README quotes
+(reward, held-out greedy accuracy, clip fractions, truncation, length, entropy) with each measure's
+range over runs. The README's first-hour numbers are these ranges (``tests/test_readme.py`` checks
+them against ``docs/first-hour.json``). Finished runs are kept (the command resumes); a run is
+flagged ``collapsed`` when its last held-out greedy accuracy is below ``COLLAPSE_ACCURACY`` or more
+than half of its last 10 steps' completions are truncated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .machines import INSTRUCTION_SETS
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = "scaledrun/configs/offpolicy.yaml"
+OBJECTIVES = ("grpo", "grpo_symclip")
+SEEDS = (0, 1, 2)
+STEPS = 200
+COLLAPSE_ACCURACY = 0.1
+OUT_MD = REPO / "docs" / "first-hour.md"
+#: the measures of one run: name -> (label, how it is read from metrics.jsonl)
+MEASURES = {
+    "reward_first_quarter": "reward, mean of the first 50 steps",
+    "reward_last10": "reward, mean of the last 10 steps (the run's last line)",
+    "eval_first": "held-out greedy accuracy, first eval (step 20)",
+    "eval_last": "held-out greedy accuracy, last eval (step 200)",
+    "clip_low_frac": "clip/low_frac, mean over the steps",
+    "clip_high_frac": "clip/high_frac, mean over the steps",
+    "truncated_last10": "truncated fraction, last 10 steps",
+    "length_last10": "completion length (tokens), last 10 steps",
+    "entropy_first": "entropy, step 1",
+    "entropy_last10": "entropy, last 10 steps",
+}
+
+
+def _env(isa: str) -> dict[str, str]:
+    return {**os.environ, **INSTRUCTION_SETS[isa], "TQDM_DISABLE": "1"}  # threads as a user gets them
+
+
+def _run(cmd: list[str], isa: str, log: Path) -> None:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a") as f:
+        f.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {isa}: {' '.join(cmd)}\n")
+        f.flush()
+        proc = subprocess.run(cmd, cwd=REPO, env=_env(isa), stdout=f, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        raise SystemExit(f"failed ({isa}): {' '.join(cmd)}; see {log}")
+
+
+def _rows(run: Path) -> list[dict[str, Any]]:
+    path = run / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def run_all(work: Path, isas: list[str], seeds: list[int]) -> None:
+    """Build each instruction set's model and train every (objective, seed) not finished yet."""
+    for isa in isas:
+        model = work / isa / "model"
+        if not (model / "config.json").is_file():
+            print(f"[{isa}] python -m scaledrun.tiny --out {model}", flush=True)
+            _run([sys.executable, "-m", "scaledrun.tiny", "--out", str(model)], isa, work / isa / "tiny.log")
+        for seed in seeds:
+            for objective in OBJECTIVES:
+                out = work / isa / f"{objective}-s{seed}"
+                if len(_rows(out)) >= STEPS:
+                    continue
+                print(f"[{isa}] {objective} seed {seed}", flush=True)
+                cmd = [
+                    sys.executable, "-m", "scaledrun.train", "--config", CONFIG, "--objective", objective,
+                    "--model", str(model), "--seed", str(seed), "--output_dir", str(out), "--overwrite", "true",
+                ]  # fmt: skip
+                _run(cmd, isa, work / isa / "train.log")
+
+
+def summarize_run(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """The ``MEASURES`` of one finished run's rows."""
+
+    def mean(key: str, part: list[dict[str, Any]]) -> float:
+        return statistics.fmean(r[key] for r in part if r.get(key) is not None)
+
+    evals = [r["eval/greedy_accuracy"] for r in rows if r.get("eval/greedy_accuracy") is not None]
+    last = rows[-10:]
+    out = {
+        "reward_first_quarter": mean("reward/mean", rows[: len(rows) // 4]),
+        "reward_last10": mean("reward/mean", last),
+        "eval_first": evals[0],
+        "eval_last": evals[-1],
+        "clip_low_frac": mean("clip/low_frac", rows),
+        "clip_high_frac": mean("clip/high_frac", rows),
+        "truncated_last10": mean("truncated_frac", last),
+        "length_last10": mean("completion_length", last),
+        "entropy_first": rows[0]["entropy"],
+        "entropy_last10": mean("entropy", last),
+    }
+    out["collapsed"] = float(out["eval_last"] < COLLAPSE_ACCURACY or out["truncated_last10"] > 0.5)
+    return out
+
+
+def collect(work: Path, isas: list[str], seeds: list[int]) -> dict[str, Any]:
+    """Every finished run's measures, each model's warm start, and each measure's range per objective."""
+    models, runs = {}, []
+    for isa in isas:
+        rec = json.loads((work / isa / "model" / "warm_start.json").read_text())
+        models[isa] = {"steps": len(rec["losses"]), "accuracy": rec["accuracy_after"]}
+        for seed in seeds:
+            for objective in OBJECTIVES:
+                rows = _rows(work / isa / f"{objective}-s{seed}")
+                if len(rows) >= STEPS:
+                    runs.append({"isa": isa, "seed": seed, "objective": objective, **summarize_run(rows)})
+    ranges = {
+        objective: {
+            key: [min(r[key] for r in runs if r["objective"] == objective),
+                  max(r[key] for r in runs if r["objective"] == objective)]
+            for key in [*MEASURES, "collapsed"]
+        }
+        for objective in OBJECTIVES
+        if any(r["objective"] == objective for r in runs)
+    }  # fmt: skip
+    acc = [m["accuracy"] for m in models.values()]
+    steps = [m["steps"] for m in models.values()]
+    return {
+        "models": models, "runs": runs, "ranges": ranges,
+        "model_ranges": {"accuracy": [min(acc), max(acc)], "steps": [min(steps), max(steps)]},
+    }  # fmt: skip
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def markdown(data: dict[str, Any], command: str) -> str:
+    """``docs/first-hour.md``: the runs and the ranges, generated (not typed)."""
+    lines = [
+        "# The first hour, on three machines",
+        "",
+        "<!-- generated by `python -m experiments.first_hour`; do not edit by hand -->",
+        "",
+        f"Generated by `{command}` on {time.strftime('%Y-%m-%d')} (commit {_commit()}). Each instruction set "
+        "(`experiments/machines.py`: this CPU's own kernels, AVX2, no SIMD) stands for a machine: it builds "
+        "its own tiny model with the README's command, then trains the README's two runs "
+        f"(`{CONFIG}`, {STEPS} steps) with training seeds {', '.join(map(str, sorted({r['seed'] for r in data['runs']})))}.",
+        "",
+        "## The warm-started models",
+        "",
+        "| instruction set | warm-start steps | held-out greedy accuracy |",
+        "|---|---|---|",
+        *(f"| {isa} | {m['steps']} | {m['accuracy']:.2f} |" for isa, m in data["models"].items()),
+        "",
+        "## Ranges over the runs (min – max)",
+        "",
+        "| measure | " + " | ".join(data["ranges"]) + " |",
+        "|---|" + "---|" * len(data["ranges"]),
+    ]
+    for key, label in MEASURES.items():
+        cells = [f"{lo:.3f} – {hi:.3f}" for lo, hi in (data["ranges"][o][key] for o in data["ranges"])]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    collapsed = [
+        f"{int(sum(r['collapsed'] for r in data['runs'] if r['objective'] == o))}" for o in data["ranges"]
+    ]
+    lines.append("| runs that collapsed (see below) | " + " | ".join(collapsed) + " |")
+    lines += [
+        "",
+        "## Every run",
+        "",
+        "| instruction set | objective | seed | " + " | ".join(MEASURES) + " | collapsed |",
+        "|---|---|---|" + "---|" * (len(MEASURES) + 1),
+    ]
+    for r in data["runs"]:
+        vals = " | ".join(f"{r[k]:.3f}" for k in MEASURES)
+        lines.append(
+            f"| {r['isa']} | {r['objective']} | {r['seed']} | {vals} | {'yes' if r['collapsed'] else 'no'} |"
+        )
+    lines += [
+        "",
+        f"A run counts as collapsed when its last held-out greedy accuracy is below {COLLAPSE_ACCURACY} or more "
+        "than half of its last 10 steps' completions hit `max_new_tokens`.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m experiments.first_hour", description=__doc__.split("\n")[0])
+    ap.add_argument("--work", type=Path, default=REPO / "runs" / "first-hour", help="models and run folders")
+    ap.add_argument(
+        "--isas", default=",".join(INSTRUCTION_SETS), help="instruction sets (experiments.machines)"
+    )
+    ap.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="training seeds")
+    ap.add_argument("--out", type=Path, default=OUT_MD, help="the page to write (and its .json beside it)")
+    ap.add_argument("--report-only", action="store_true", help="only rewrite the page from finished runs")
+    args = ap.parse_args(argv)
+    isas = [x for x in args.isas.split(",") if x]
+    unknown = [x for x in isas if x not in INSTRUCTION_SETS]
+    if unknown:
+        ap.error(f"unknown instruction set(s) {', '.join(unknown)}; valid: {', '.join(INSTRUCTION_SETS)}")
+    seeds = [int(x) for x in args.seeds.split(",") if x]
+    if not args.report_only:
+        run_all(args.work, isas, seeds)
+    data = collect(args.work, isas, seeds)
+    if not data["runs"]:
+        ap.error(f"no finished run in {args.work}: run without --report-only first")
+    command = "python -m experiments.first_hour" + (
+        "" if isas == list(INSTRUCTION_SETS) else f" --isas {args.isas}"
+    )
+    args.out.write_text(markdown(data, command))
+    args.out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
+    print(f"wrote {args.out} and {args.out.with_suffix('.json')} ({len(data['runs'])} runs)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,96 @@
+"""``python -m experiments.first_hour``: the measures of a run, the ranges and the generated page.
+
+The runs themselves are the trainer's (tested in tests/scaledrun); here the rows are written by hand so
+that every number the page prints can be checked against a plain computation.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from experiments import first_hour as fh
+
+
+def _rows(reward_end: float, truncated_end: float, eval_end: float) -> list[dict[str, float]]:
+    """200 rows: reward 0.2 for steps 1-100 then ``reward_end``; an eval every 20 steps."""
+    rows = []
+    for step in range(1, fh.STEPS + 1):
+        row = {
+            "step": step, "reward/mean": 0.2 if step <= 100 else reward_end,
+            "clip/low_frac": 0.1 if step % 2 else 0.0, "clip/high_frac": 0.02, "completion_length": 3.0 + step / 100,
+            "truncated_frac": truncated_end if step > 190 else 0.0, "entropy": 1.0 - step / 400,
+        }  # fmt: skip
+        if step % 20 == 0:
+            row["eval/greedy_accuracy"] = 0.5 if step < fh.STEPS else eval_end
+        rows.append(row)
+    return rows
+
+
+def test_measures_of_a_run_by_hand():
+    got = fh.summarize_run(_rows(0.6, 0.25, 0.7))
+    assert got["reward_first_quarter"] == pytest.approx(0.2)
+    assert got["reward_last10"] == pytest.approx(0.6)
+    assert got["eval_first"] == 0.5 and got["eval_last"] == 0.7
+    assert got["clip_low_frac"] == pytest.approx(0.05) and got["clip_high_frac"] == pytest.approx(0.02)
+    assert got["truncated_last10"] == pytest.approx(0.25)
+    assert got["length_last10"] == pytest.approx(3.0 + sum(range(191, 201)) / 1000)
+    assert got["entropy_first"] == pytest.approx(1.0 - 1 / 400)
+    assert got["entropy_last10"] == pytest.approx(1.0 - sum(range(191, 201)) / 4000)
+    assert got["collapsed"] == 0.0
+    assert fh.summarize_run(_rows(0.0, 0.9, 0.3))["collapsed"] == 1.0  # mostly truncated
+    assert fh.summarize_run(_rows(0.0, 0.0, 0.05))["collapsed"] == 1.0  # accuracy gone
+
+
+def _work(tmp_path):
+    work = tmp_path / "work"
+    for isa, acc in (("native", 0.55), ("avx2", 0.48)):
+        (work / isa / "model").mkdir(parents=True)
+        (work / isa / "model" / "warm_start.json").write_text(
+            json.dumps({"losses": [1.0] * (250 if isa == "native" else 300), "accuracy_after": acc})
+        )
+        for seed in (0, 1):
+            for objective, reward in (("grpo", 0.5 + seed / 10), ("grpo_symclip", 0.4 + seed / 10)):
+                run = work / isa / f"{objective}-s{seed}"
+                run.mkdir()
+                rows = _rows(reward, 0.0, 0.6 if isa == "native" else 0.02)
+                (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (work / "native" / "grpo-s2").mkdir()  # an unfinished run: left out
+    (work / "native" / "grpo-s2" / "metrics.jsonl").write_text(json.dumps(_rows(0.9, 0, 0.9)[0]) + "\n")
+    return work
+
+
+def test_ranges_and_the_page(tmp_path):
+    out = tmp_path / "first-hour.md"
+    assert fh.main(["--work", str(_work(tmp_path)), "--isas", "native,avx2", "--seeds", "0,1,2", "--report-only",
+                    "--out", str(out)]) == 0  # fmt: skip
+    data = json.loads(out.with_suffix(".json").read_text())
+    assert len(data["runs"]) == 8
+    assert data["ranges"]["grpo"]["reward_last10"] == pytest.approx([0.5, 0.6])
+    assert data["ranges"]["grpo_symclip"]["reward_last10"] == pytest.approx([0.4, 0.5])
+    assert data["ranges"]["grpo"]["collapsed"] == [0.0, 1.0]  # the avx2 runs' accuracy fell to 0.02
+    assert data["model_ranges"] == {"accuracy": [0.48, 0.55], "steps": [250, 300]}
+    page = out.read_text()
+    assert (
+        "| reward, mean of the last 10 steps (the run's last line) | 0.500 – 0.600 | 0.400 – 0.500 |" in page
+    )
+    assert "| runs that collapsed (see below) | 2 | 2 |" in page
+    assert "| avx2 | 300 | 0.48 |" in page and "do not edit by hand" in page
+    assert not math.isnan(data["runs"][0]["entropy_last10"])
+
+
+def test_errors_name_what_to_fix(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        fh.main(["--isas", "native,arm"])
+    assert "unknown instruction set(s) arm" in capsys.readouterr().err
+    (tmp_path / "native" / "model").mkdir(parents=True)
+    (tmp_path / "native" / "model" / "warm_start.json").write_text(
+        json.dumps({"losses": [1.0], "accuracy_after": 0.5})
+    )
+    with pytest.raises(SystemExit):
+        fh.main(
+            ["--work", str(tmp_path), "--isas", "native", "--report-only", "--out", str(tmp_path / "x.md")]
+        )
+    assert "no finished run" in capsys.readouterr().err
