@@ -13,7 +13,8 @@ with several training seeds, each as its own subprocess, and writes per run what
 range over runs. The README's first-hour numbers are these ranges (``tests/test_readme.py`` checks
 them against ``docs/first-hour.json``). Finished runs are kept (the command resumes); a run is
 flagged ``collapsed`` when its last held-out greedy accuracy is below ``COLLAPSE_ACCURACY`` or more
-than half of its last 10 steps' completions are truncated.
+than ``COLLAPSE_TRUNCATED`` of its last 10 steps' completions are truncated (the drift to long, cut-off
+completions that a collapse starts with).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ OBJECTIVES = ("grpo", "grpo_symclip")
 SEEDS = (0, 1, 2)
 STEPS = 200
 COLLAPSE_ACCURACY = 0.1
+#: ... or more than this fraction of its last 10 steps' completions hit max_new_tokens
+COLLAPSE_TRUNCATED = 0.25
 OUT_MD = REPO / "docs" / "first-hour.md"
 #: the measures of one run: name -> (label, how it is read from metrics.jsonl)
 MEASURES = {
@@ -53,7 +56,8 @@ MEASURES = {
 
 
 def _env(isa: str) -> dict[str, str]:
-    return {**os.environ, **INSTRUCTION_SETS[isa], "TQDM_DISABLE": "1"}  # threads as a user gets them
+    # one thread per run: the tiny model is fastest so, and --jobs runs several side by side
+    return {**os.environ, **INSTRUCTION_SETS[isa], "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
 
 
 def _run(cmd: list[str], isa: str, log: Path) -> None:
@@ -63,7 +67,7 @@ def _run(cmd: list[str], isa: str, log: Path) -> None:
         f.flush()
         proc = subprocess.run(cmd, cwd=REPO, env=_env(isa), stdout=f, stderr=subprocess.STDOUT)
     if proc.returncode != 0:
-        raise SystemExit(f"failed ({isa}): {' '.join(cmd)}; see {log}")
+        raise RuntimeError(f"failed ({isa}): {' '.join(cmd)}; see {log}")
 
 
 def _rows(run: Path) -> list[dict[str, Any]]:
@@ -71,24 +75,36 @@ def _rows(run: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
 
 
-def run_all(work: Path, isas: list[str], seeds: list[int]) -> None:
-    """Build each instruction set's model and train every (objective, seed) not finished yet."""
-    for isa in isas:
+def run_all(work: Path, isas: list[str], seeds: list[int], jobs: int = 1) -> None:
+    """Build each instruction set's model, then train every (objective, seed) not finished yet."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def build(isa: str) -> None:
         model = work / isa / "model"
         if not (model / "config.json").is_file():
             print(f"[{isa}] python -m scaledrun.tiny --out {model}", flush=True)
             _run([sys.executable, "-m", "scaledrun.tiny", "--out", str(model)], isa, work / isa / "tiny.log")
-        for seed in seeds:
-            for objective in OBJECTIVES:
-                out = work / isa / f"{objective}-s{seed}"
-                if len(_rows(out)) >= STEPS:
-                    continue
-                print(f"[{isa}] {objective} seed {seed}", flush=True)
-                cmd = [
-                    sys.executable, "-m", "scaledrun.train", "--config", CONFIG, "--objective", objective,
-                    "--model", str(model), "--seed", str(seed), "--output_dir", str(out), "--overwrite", "true",
-                ]  # fmt: skip
-                _run(cmd, isa, work / isa / "train.log")
+
+    def train(isa: str, seed: int, objective: str) -> None:
+        out = work / isa / f"{objective}-s{seed}"
+        print(f"[{isa}] {objective} seed {seed}", flush=True)
+        cmd = [
+            sys.executable, "-m", "scaledrun.train", "--config", CONFIG, "--objective", objective,
+            "--model", str(work / isa / "model"), "--seed", str(seed), "--output_dir", str(out),
+            "--overwrite", "true",
+        ]  # fmt: skip
+        _run(cmd, isa, out.parent / f"train-{objective}-s{seed}.log")
+
+    todo = [
+        (isa, seed, objective)
+        for isa in isas
+        for seed in seeds
+        for objective in OBJECTIVES
+        if len(_rows(work / isa / f"{objective}-s{seed}")) < STEPS
+    ]
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        list(pool.map(build, isas))
+        list(pool.map(lambda job: train(*job), todo))
 
 
 def summarize_run(rows: list[dict[str, Any]]) -> dict[str, float]:
@@ -111,7 +127,9 @@ def summarize_run(rows: list[dict[str, Any]]) -> dict[str, float]:
         "entropy_first": rows[0]["entropy"],
         "entropy_last10": mean("entropy", last),
     }
-    out["collapsed"] = float(out["eval_last"] < COLLAPSE_ACCURACY or out["truncated_last10"] > 0.5)
+    out["collapsed"] = float(
+        out["eval_last"] < COLLAPSE_ACCURACY or out["truncated_last10"] > COLLAPSE_TRUNCATED
+    )
     return out
 
 
@@ -135,10 +153,18 @@ def collect(work: Path, isas: list[str], seeds: list[int]) -> dict[str, Any]:
         for objective in OBJECTIVES
         if any(r["objective"] == objective for r in runs)
     }  # fmt: skip
+    # paired by (instruction set, seed): how often GRPO-fix's measure is below GRPO's
+    by = {(r["isa"], r["seed"], r["objective"]): r for r in runs}
+    pairs = [
+        (by[(i, s, "grpo")], by[(i, s, "grpo_symclip")])
+        for i, s, o in by
+        if o == "grpo" and (i, s, "grpo_symclip") in by
+    ]
+    below = {key: sum(fix[key] < grpo[key] for grpo, fix in pairs) for key in MEASURES}
     acc = [m["accuracy"] for m in models.values()]
     steps = [m["steps"] for m in models.values()]
     return {
-        "models": models, "runs": runs, "ranges": ranges,
+        "models": models, "runs": runs, "ranges": ranges, "pairs": len(pairs), "symclip_below_grpo": below,
         "model_ranges": {"accuracy": [min(acc), max(acc)], "steps": [min(steps), max(steps)]},
     }  # fmt: skip
 
@@ -162,7 +188,7 @@ def markdown(data: dict[str, Any], command: str) -> str:
         f"Generated by `{command}` on {time.strftime('%Y-%m-%d')} (commit {_commit()}). Each instruction set "
         "(`experiments/machines.py`: this CPU's own kernels, AVX2, no SIMD) stands for a machine: it builds "
         "its own tiny model with the README's command, then trains the README's two runs "
-        f"(`{CONFIG}`, {STEPS} steps) with training seeds {', '.join(map(str, sorted({r['seed'] for r in data['runs']})))}.",
+        f"(`{CONFIG}`, {STEPS} steps, one torch thread each) with training seeds {', '.join(map(str, sorted({r['seed'] for r in data['runs']})))}.",
         "",
         "## The warm-started models",
         "",
@@ -182,6 +208,18 @@ def markdown(data: dict[str, Any], command: str) -> str:
         f"{int(sum(r['collapsed'] for r in data['runs'] if r['objective'] == o))}" for o in data["ranges"]
     ]
     lines.append("| runs that collapsed (see below) | " + " | ".join(collapsed) + " |")
+    if data["pairs"]:
+        lines += [
+            "",
+            f"## GRPO-fix against GRPO, paired by instruction set and seed ({data['pairs']} pairs)",
+            "",
+            "| measure | pairs where GRPO-fix is below GRPO |",
+            "|---|---|",
+            *(
+                f"| {label} | {data['symclip_below_grpo'][k]} of {data['pairs']} |"
+                for k, label in MEASURES.items()
+            ),
+        ]
     lines += [
         "",
         "## Every run",
@@ -197,7 +235,8 @@ def markdown(data: dict[str, Any], command: str) -> str:
     lines += [
         "",
         f"A run counts as collapsed when its last held-out greedy accuracy is below {COLLAPSE_ACCURACY} or more "
-        "than half of its last 10 steps' completions hit `max_new_tokens`.",
+        f"than {COLLAPSE_TRUNCATED:.0%} of its last 10 steps' completions hit `max_new_tokens` (the drift to long, "
+        "cut-off completions that a collapse starts with).",
         "",
     ]
     return "\n".join(lines)
@@ -212,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="training seeds")
     ap.add_argument("--out", type=Path, default=OUT_MD, help="the page to write (and its .json beside it)")
     ap.add_argument("--report-only", action="store_true", help="only rewrite the page from finished runs")
+    ap.add_argument("--jobs", type=int, default=2, help="runs side by side, one thread each (default 2)")
     args = ap.parse_args(argv)
     isas = [x for x in args.isas.split(",") if x]
     unknown = [x for x in isas if x not in INSTRUCTION_SETS]
@@ -219,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown instruction set(s) {', '.join(unknown)}; valid: {', '.join(INSTRUCTION_SETS)}")
     seeds = [int(x) for x in args.seeds.split(",") if x]
     if not args.report_only:
-        run_all(args.work, isas, seeds)
+        run_all(args.work, isas, seeds, max(1, args.jobs))
     data = collect(args.work, isas, seeds)
     if not data["runs"]:
         ap.error(f"no finished run in {args.work}: run without --report-only first")

@@ -72,6 +72,9 @@ def test_ranges_and_the_page(tmp_path):
     assert data["ranges"]["grpo_symclip"]["reward_last10"] == pytest.approx([0.4, 0.5])
     assert data["ranges"]["grpo"]["collapsed"] == [0.0, 1.0]  # the avx2 runs' accuracy fell to 0.02
     assert data["model_ranges"] == {"accuracy": [0.48, 0.55], "steps": [250, 300]}
+    # paired by (instruction set, seed): GRPO-fix's reward (0.4 + seed/10) is below GRPO's (0.5 + seed/10)
+    assert data["pairs"] == 4 and data["symclip_below_grpo"]["reward_last10"] == 4
+    assert data["symclip_below_grpo"]["clip_high_frac"] == 0  # equal values are not "below"
     page = out.read_text()
     assert (
         "| reward, mean of the last 10 steps (the run's last line) | 0.500 – 0.600 | 0.400 – 0.500 |" in page
