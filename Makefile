@@ -1,8 +1,9 @@
-# Two commands for a fresh machine (see README.md):
-#   make demo   set up .venv and print the paper's toy results
-#   make test   set up .venv and run the whole test suite (lint included)
-#   make experiments  run the studies and write experiments/REPORT.md (about an hour on CPU)
+# The two commands (README.md):
 #   make app    set up .venv and serve the Streamlit explorer on http://localhost:8501 (PORT=...)
+#   make test   set up .venv and run the whole test suite, lint included: exactly what CI runs (.ci/run)
+# Others (docs/): make demo (the papers' toy results), make experiments (the studies and
+# experiments/REPORT.md; how long they take: docs/experiments.md), make test-fast, make test-machines
+# (docs/testing.md), make bench, make notebooks.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -11,7 +12,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 PORT   ?= 8501
 
-.PHONY: setup browser demo app notebooks experiments experiments-quick test test-fast bench lint format clean
+.PHONY: setup browser demo app notebooks experiments experiments-quick test test-fast test-machines bench lint format clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -77,6 +78,11 @@ test: setup
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"
+
+# the tests marked `sampling` as other machines would run them (other seeds, thread counts, AVX2 and
+# no-SIMD kernels): a test that holds only for this CPU's trajectory fails here before it fails in CI
+test-machines: setup
+	$(PY) -m tests.machines
 
 bench: setup
 	$(PY) benchmarks/toy_speed.py

@@ -54,14 +54,17 @@ BENCH_RUNS = {
 def make_runs(root: Path, steps: int) -> Path:
     """Two real ``scaledrun.train`` runs of ``steps`` steps in ``root/runs`` (the tiny model, built if missing)."""
     from scaledrun.config import RunConfig
-    from scaledrun.tiny import DEFAULT_WARM_START_STEPS, build_tiny
+    from scaledrun.tiny import DEFAULT_STOP_ACCURACY, DEFAULT_WARM_START_STEPS, build_tiny
     from scaledrun.train import train
 
     t0 = time.perf_counter()
     model = TINY_MODEL
     if not (model / "config.json").is_file():
         print(f"building the tiny model in {model} (python -m scaledrun.tiny, once)", flush=True)
-        build_tiny(model, "arithmetic", seed=0, warm_start_steps=DEFAULT_WARM_START_STEPS)
+        build_tiny(
+            model, "arithmetic", seed=0, warm_start_steps=DEFAULT_WARM_START_STEPS,
+            stop_accuracy=DEFAULT_STOP_ACCURACY,
+        )  # fmt: skip
     runs = root / "runs"
     for name, params in BENCH_RUNS.items():
         cfg = RunConfig(

@@ -276,8 +276,7 @@ def load_model_and_tokenizer(cfg: RunConfig) -> tuple[Any, Any]:
     """``from_pretrained`` (dtype from the config), left-padding tokenizer, LoRA unless full fine-tuning."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    check_model_source(cfg.model)
-    try:
+    try:  # ``train`` has checked the source already (``check_model_source``)
         tokenizer = AutoTokenizer.from_pretrained(cfg.model, padding_side="left")
         model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=getattr(torch, cfg.dtype))
     except OSError as err:
