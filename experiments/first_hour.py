@@ -1,6 +1,7 @@
 """The README's first hour, measured as several machines would run it: ``docs/first-hour.md``.
 
     python -m experiments.first_hour                  # 3 instruction sets × 3 seeds × GRPO / GRPO-fix
+    python -m experiments.first_hour --collapse       # and the collapse study (the old 300-step model)
     python -m experiments.first_hour --report-only    # rewrite docs/first-hour.md from the finished runs
 
 The first hour builds the tiny model (``python -m scaledrun.tiny --out artifacts/tiny-qwen3``: a warm
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -75,36 +77,65 @@ def _rows(run: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
 
 
-def run_all(work: Path, isas: list[str], seeds: list[int], jobs: int = 1) -> None:
-    """Build each instruction set's model, then train every (objective, seed) not finished yet."""
-    from concurrent.futures import ThreadPoolExecutor
+#: The collapse study (``--collapse``): the old default model, 300 fixed warm-start steps (on an AVX-512
+#: CPU greedy accuracy ~0.8, so most groups are all-correct), GRPO with each truncation policy.
+COLLAPSE_TINY_ARGS = ("--warm-start-steps", "300", "--stop-at-accuracy", "none")
+TRUNCATIONS = ("mask", "failure_reward")
+COLLAPSE_SEEDS = (0, 1, 2, 3)
 
-    def build(isa: str) -> None:
-        model = work / isa / "model"
-        if not (model / "config.json").is_file():
-            print(f"[{isa}] python -m scaledrun.tiny --out {model}", flush=True)
-            _run([sys.executable, "-m", "scaledrun.tiny", "--out", str(model)], isa, work / isa / "tiny.log")
 
-    def train(isa: str, seed: int, objective: str) -> None:
-        out = work / isa / f"{objective}-s{seed}"
-        print(f"[{isa}] {objective} seed {seed}", flush=True)
-        cmd = [
-            sys.executable, "-m", "scaledrun.train", "--config", CONFIG, "--objective", objective,
-            "--model", str(work / isa / "model"), "--seed", str(seed), "--output_dir", str(out),
-            "--overwrite", "true",
-        ]  # fmt: skip
-        _run(cmd, isa, out.parent / f"train-{objective}-s{seed}.log")
-
-    todo = [
-        (isa, seed, objective)
+def _jobs(
+    work: Path, isas: list[str], seeds: list[int], collapse: bool
+) -> list[tuple[str, Path, Path, list[str]]]:
+    """(instruction set, model folder, run folder, trainer arguments) of every run of the study."""
+    jobs = [
+        (
+            isa,
+            work / isa / "model",
+            work / isa / f"{objective}-s{seed}",
+            ["--objective", objective, "--seed", str(seed)],
+        )
         for isa in isas
         for seed in seeds
         for objective in OBJECTIVES
-        if len(_rows(work / isa / f"{objective}-s{seed}")) < STEPS
     ]
+    if collapse:
+        jobs += [
+            ("native", work / "collapse" / "model", work / "collapse" / f"grpo-{trunc}-s{seed}",
+             ["--objective", "grpo", "--truncation", trunc, "--seed", str(seed)])
+            for seed in COLLAPSE_SEEDS
+            for trunc in TRUNCATIONS
+        ]  # fmt: skip
+    return jobs
+
+
+def run_all(work: Path, isas: list[str], seeds: list[int], jobs: int = 1, collapse: bool = False) -> None:
+    """Build each model (the README's command), then train every run not finished yet, ``jobs`` at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def build(isa: str, model: Path) -> None:
+        if not (model / "config.json").is_file():
+            extra = list(COLLAPSE_TINY_ARGS) if model.parent.name == "collapse" else []
+            print(f"[{isa}] python -m scaledrun.tiny --out {model} {' '.join(extra)}", flush=True)
+            _run(
+                [sys.executable, "-m", "scaledrun.tiny", "--out", str(model), *extra],
+                isa,
+                model.parent / "tiny.log",
+            )
+
+    def train(isa: str, model: Path, out: Path, args: list[str]) -> None:
+        print(f"[{isa}] {out.name}", flush=True)
+        cmd = [
+            sys.executable, "-m", "scaledrun.train", "--config", CONFIG, *args, "--model", str(model),
+            "--output_dir", str(out), "--overwrite", "true",
+        ]  # fmt: skip
+        _run(cmd, isa, out.parent / f"train-{out.name}.log")
+
+    todo = _jobs(work, isas, seeds, collapse)
+    models = sorted({(isa, model) for isa, model, _, _ in todo})
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        list(pool.map(build, isas))
-        list(pool.map(lambda job: train(*job), todo))
+        list(pool.map(lambda m: build(*m), models))
+        list(pool.map(lambda job: train(*job), [j for j in todo if len(_rows(j[2])) < STEPS]))
 
 
 def summarize_run(rows: list[dict[str, Any]]) -> dict[str, float]:
@@ -138,12 +169,25 @@ def collect(work: Path, isas: list[str], seeds: list[int]) -> dict[str, Any]:
     models, runs = {}, []
     for isa in isas:
         rec = json.loads((work / isa / "model" / "warm_start.json").read_text())
-        models[isa] = {"steps": len(rec["losses"]), "accuracy": rec["accuracy_after"]}
+        models[isa] = {
+            "steps": len(rec["losses"]),
+            "accuracy": rec["accuracy_after"],
+            "seconds": rec.get("seconds"),
+        }
         for seed in seeds:
             for objective in OBJECTIVES:
                 rows = _rows(work / isa / f"{objective}-s{seed}")
                 if len(rows) >= STEPS:
-                    runs.append({"isa": isa, "seed": seed, "objective": objective, **summarize_run(rows)})
+                    seconds = sum(r.get("time/step_s") or 0.0 for r in rows)
+                    runs.append(
+                        {
+                            "isa": isa,
+                            "seed": seed,
+                            "objective": objective,
+                            "seconds": seconds,
+                            **summarize_run(rows),
+                        }
+                    )
     ranges = {
         objective: {
             key: [min(r[key] for r in runs if r["objective"] == objective),
@@ -162,10 +206,31 @@ def collect(work: Path, isas: list[str], seeds: list[int]) -> dict[str, Any]:
     ]
     below = {key: sum(fix[key] < grpo[key] for grpo, fix in pairs) for key in MEASURES}
     acc = [m["accuracy"] for m in models.values()]
+    collapse_model = work / "collapse" / "model" / "warm_start.json"
+    collapse = None
+    if collapse_model.is_file():
+        rec = json.loads(collapse_model.read_text())
+        done = [
+            (t, s, _rows(work / "collapse" / f"grpo-{t}-s{s}")) for s in COLLAPSE_SEEDS for t in TRUNCATIONS
+        ]
+        collapse = {
+            "model": {"steps": len(rec["losses"]), "accuracy": rec["accuracy_after"]},
+            "runs": [
+                {"truncation": t, "seed": s, **summarize_run(rows),
+                 "no_update_steps": int(sum(r.get("truncation/no_update") == 1.0 for r in rows))}
+                for t, s, rows in done
+                if len(rows) >= STEPS
+            ],
+        }  # fmt: skip
     steps = [m["steps"] for m in models.values()]
     return {
-        "models": models, "runs": runs, "ranges": ranges, "pairs": len(pairs), "symclip_below_grpo": below,
-        "model_ranges": {"accuracy": [min(acc), max(acc)], "steps": [min(steps), max(steps)]},
+        "models": models, "runs": runs, "ranges": ranges, "collapse": collapse, "pairs": len(pairs), "symclip_below_grpo": below,
+        "model_ranges": {
+            "accuracy": [min(acc), max(acc)], "steps": [min(steps), max(steps)],
+            "seconds": [min(m["seconds"] or math.nan for m in models.values()),
+                        max(m["seconds"] or math.nan for m in models.values())],
+        },
+        "run_seconds": [min(r["seconds"] for r in runs), max(r["seconds"] for r in runs)] if runs else [],
     }  # fmt: skip
 
 
@@ -192,9 +257,15 @@ def markdown(data: dict[str, Any], command: str) -> str:
         "",
         "## The warm-started models",
         "",
-        "| instruction set | warm-start steps | held-out greedy accuracy |",
-        "|---|---|---|",
-        *(f"| {isa} | {m['steps']} | {m['accuracy']:.2f} |" for isa, m in data["models"].items()),
+        "| instruction set | warm-start steps | held-out greedy accuracy | seconds |",
+        "|---|---|---|---|",
+        *(
+            f"| {isa} | {m['steps']} | {m['accuracy']:.2f} | {m['seconds'] or float('nan'):.0f} |"
+            for isa, m in data["models"].items()
+        ),
+        "",
+        f"Each training run took {data['run_seconds'][0]:.0f}–{data['run_seconds'][1]:.0f} s (the sum of its "
+        "steps' `time/step_s`; two runs side by side on a 2-core machine).",
         "",
         "## Ranges over the runs (min – max)",
         "",
@@ -232,6 +303,28 @@ def markdown(data: dict[str, Any], command: str) -> str:
         lines.append(
             f"| {r['isa']} | {r['objective']} | {r['seed']} | {vals} | {'yes' if r['collapsed'] else 'no'} |"
         )
+    if data.get("collapse") and data["collapse"]["runs"]:
+        c = data["collapse"]
+        lines += [
+            "",
+            "## A collapse, and the truncation policy",
+            "",
+            f"`python -m experiments.first_hour --collapse` also builds the old default model (`python -m "
+            f"scaledrun.tiny {' '.join(COLLAPSE_TINY_ARGS)}`: {c['model']['steps']} fixed steps, held-out greedy "
+            f"accuracy {c['model']['accuracy']:.2f} on this CPU's own kernels) and trains GRPO on it with each "
+            "`truncation` policy (`mask`, the default: a truncated completion leaves the loss and its group's "
+            "advantages; `failure_reward`: it gets reward 0 and stays in).",
+            "",
+            "| truncation | seed | reward_last10 | eval_last | truncated_last10 | length_last10 | entropy_first "
+            "| entropy_last10 | steps without an update | collapsed |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+            *(
+                f"| {r['truncation']} | {r['seed']} | {r['reward_last10']:.3f} | {r['eval_last']:.3f} | "
+                f"{r['truncated_last10']:.3f} | {r['length_last10']:.3f} | {r['entropy_first']:.3f} | "
+                f"{r['entropy_last10']:.3f} | {r['no_update_steps']} | {'yes' if r['collapsed'] else 'no'} |"
+                for r in c["runs"]
+            ),
+        ]
     lines += [
         "",
         f"A run counts as collapsed when its last held-out greedy accuracy is below {COLLAPSE_ACCURACY} or more "
@@ -252,6 +345,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=OUT_MD, help="the page to write (and its .json beside it)")
     ap.add_argument("--report-only", action="store_true", help="only rewrite the page from finished runs")
     ap.add_argument("--jobs", type=int, default=2, help="runs side by side, one thread each (default 2)")
+    ap.add_argument(
+        "--collapse",
+        action="store_true",
+        help="also the collapse study: the old 300-step model, both truncations",
+    )
     args = ap.parse_args(argv)
     isas = [x for x in args.isas.split(",") if x]
     unknown = [x for x in isas if x not in INSTRUCTION_SETS]
@@ -259,12 +357,14 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown instruction set(s) {', '.join(unknown)}; valid: {', '.join(INSTRUCTION_SETS)}")
     seeds = [int(x) for x in args.seeds.split(",") if x]
     if not args.report_only:
-        run_all(args.work, isas, seeds, max(1, args.jobs))
+        run_all(args.work, isas, seeds, max(1, args.jobs), collapse=args.collapse)
     data = collect(args.work, isas, seeds)
     if not data["runs"]:
         ap.error(f"no finished run in {args.work}: run without --report-only first")
-    command = "python -m experiments.first_hour" + (
-        "" if isas == list(INSTRUCTION_SETS) else f" --isas {args.isas}"
+    command = (
+        "python -m experiments.first_hour"
+        + ("" if isas == list(INSTRUCTION_SETS) else f" --isas {args.isas}")
+        + (" --collapse" if data["collapse"] else "")
     )
     args.out.write_text(markdown(data, command))
     args.out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")

@@ -21,7 +21,7 @@ def _rows(reward_end: float, truncated_end: float, eval_end: float) -> list[dict
         row = {
             "step": step, "reward/mean": 0.2 if step <= 100 else reward_end,
             "clip/low_frac": 0.1 if step % 2 else 0.0, "clip/high_frac": 0.02, "completion_length": 3.0 + step / 100,
-            "truncated_frac": truncated_end if step > 190 else 0.0, "entropy": 1.0 - step / 400,
+            "truncated_frac": truncated_end if step > 190 else 0.0, "entropy": 1.0 - step / 400, "time/step_s": 0.1,
         }  # fmt: skip
         if step % 20 == 0:
             row["eval/greedy_accuracy"] = 0.5 if step < fh.STEPS else eval_end
@@ -57,6 +57,18 @@ def _work(tmp_path):
                 run.mkdir()
                 rows = _rows(reward, 0.0, 0.6 if isa == "native" else 0.02)
                 (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (work / "collapse" / "model").mkdir(parents=True)
+    (work / "collapse" / "model" / "warm_start.json").write_text(
+        json.dumps({"losses": [1.0] * 300, "accuracy_after": 0.79})
+    )
+    for trunc, seed, cut in (("mask", 0, 0.9), ("failure_reward", 0, 0.0)):
+        rows = _rows(0.0 if cut else 0.5, cut, 0.0 if cut else 0.6)
+        for row in rows[-3:]:
+            row["truncation/no_update"] = 1.0 if cut else 0.0
+        (work / "collapse" / f"grpo-{trunc}-s{seed}").mkdir()
+        (work / "collapse" / f"grpo-{trunc}-s{seed}" / "metrics.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in rows)
+        )
     (work / "native" / "grpo-s2").mkdir()  # an unfinished run: left out
     (work / "native" / "grpo-s2" / "metrics.jsonl").write_text(json.dumps(_rows(0.9, 0, 0.9)[0]) + "\n")
     return work
@@ -71,8 +83,9 @@ def test_ranges_and_the_page(tmp_path):
     assert data["ranges"]["grpo"]["reward_last10"] == pytest.approx([0.5, 0.6])
     assert data["ranges"]["grpo_symclip"]["reward_last10"] == pytest.approx([0.4, 0.5])
     assert data["ranges"]["grpo"]["collapsed"] == [0.0, 1.0]  # the avx2 runs' accuracy fell to 0.02
-    assert data["model_ranges"] == {"accuracy": [0.48, 0.55], "steps": [250, 300]}
+    assert data["model_ranges"]["accuracy"] == [0.48, 0.55] and data["model_ranges"]["steps"] == [250, 300]
     # paired by (instruction set, seed): GRPO-fix's reward (0.4 + seed/10) is below GRPO's (0.5 + seed/10)
+    assert data["run_seconds"] == pytest.approx([20.0, 20.0])  # 200 steps × 0.1 s
     assert data["pairs"] == 4 and data["symclip_below_grpo"]["reward_last10"] == 4
     assert data["symclip_below_grpo"]["clip_high_frac"] == 0  # equal values are not "below"
     page = out.read_text()
@@ -82,6 +95,13 @@ def test_ranges_and_the_page(tmp_path):
     assert "| runs that collapsed (see below) | 2 | 2 |" in page
     assert "| avx2 | 300 | 0.48 |" in page and "do not edit by hand" in page
     assert not math.isnan(data["runs"][0]["entropy_last10"])
+    collapse = data["collapse"]  # two finished runs of the collapse study (the other seeds: not run)
+    assert collapse["model"] == {"steps": 300, "accuracy": 0.79}
+    assert [(r["truncation"], r["collapsed"], r["no_update_steps"]) for r in collapse["runs"]] == [
+        ("mask", 1.0, 3),
+        ("failure_reward", 0.0, 0),
+    ]
+    assert "## A collapse, and the truncation policy" in page and "--collapse" in page
 
 
 def test_errors_name_what_to_fix(tmp_path, capsys):
