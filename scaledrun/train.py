@@ -901,7 +901,8 @@ def train(
     # ---- everything a user can get wrong is checked before the run folder is created or touched
     check_model_source(cfg.model)
     check_task_source(cfg)
-    refuse_existing_run(out_dir, resume=cfg.resume, overwrite=cfg.overwrite)
+    if accelerator.is_main_process:  # not the others: they may start after the main one wrote its files
+        refuse_existing_run(out_dir, resume=cfg.resume, overwrite=cfg.overwrite)
 
     # ---- the run folder: one writer (main process), no silent replacement, no mixed runs
     lock = RunLock(out_dir)
