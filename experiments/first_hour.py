@@ -117,11 +117,8 @@ def run_all(work: Path, isas: list[str], seeds: list[int], jobs: int = 1, collap
         if not (model / "config.json").is_file():
             extra = list(COLLAPSE_TINY_ARGS) if model.parent.name == "collapse" else []
             print(f"[{isa}] python -m scaledrun.tiny --out {model} {' '.join(extra)}", flush=True)
-            _run(
-                [sys.executable, "-m", "scaledrun.tiny", "--out", str(model), *extra],
-                isa,
-                model.parent / "tiny.log",
-            )
+            log = model.parent / ("tiny.log" if model.name == "model" else f"tiny-{isa}.log")
+            _run([sys.executable, "-m", "scaledrun.tiny", "--out", str(model), *extra], isa, log)
 
     def train(isa: str, model: Path, out: Path, args: list[str]) -> None:
         print(f"[{isa}] {out.name}", flush=True)
@@ -133,6 +130,8 @@ def run_all(work: Path, isas: list[str], seeds: list[int], jobs: int = 1, collap
 
     todo = _jobs(work, isas, seeds, collapse)
     models = sorted({(isa, model) for isa, model, _, _ in todo})
+    if collapse:  # the old model on the other instruction sets too: its accuracy is the machine's doing
+        models += [(isa, work / "collapse" / f"model-{isa}") for isa in isas if isa != "native"]
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         list(pool.map(lambda m: build(*m), models))
         list(pool.map(lambda job: train(*job), [j for j in todo if len(_rows(j[2])) < STEPS]))
@@ -205,6 +204,11 @@ def collect(work: Path, isas: list[str], seeds: list[int]) -> dict[str, Any]:
         if o == "grpo" and (i, s, "grpo_symclip") in by
     ]
     below = {key: sum(fix[key] < grpo[key] for grpo, fix in pairs) for key in MEASURES}
+    diff = {
+        key: [min(f[key] - g[key] for g, f in pairs), max(f[key] - g[key] for g, f in pairs)]
+        for key in MEASURES
+        if pairs
+    }
     acc = [m["accuracy"] for m in models.values()]
     collapse_model = work / "collapse" / "model" / "warm_start.json"
     collapse = None
@@ -213,8 +217,14 @@ def collect(work: Path, isas: list[str], seeds: list[int]) -> dict[str, Any]:
         done = [
             (t, s, _rows(work / "collapse" / f"grpo-{t}-s{s}")) for s in COLLAPSE_SEEDS for t in TRUNCATIONS
         ]
+        old = {"native": rec}
+        for isa in isas:
+            path = work / "collapse" / f"model-{isa}" / "warm_start.json"
+            if isa != "native" and path.is_file():
+                old[isa] = json.loads(path.read_text())
         collapse = {
             "model": {"steps": len(rec["losses"]), "accuracy": rec["accuracy_after"]},
+            "model_accuracy": {isa: r["accuracy_after"] for isa, r in old.items()},
             "runs": [
                 {"truncation": t, "seed": s, **summarize_run(rows),
                  "no_update_steps": int(sum(r.get("truncation/no_update") == 1.0 for r in rows))}
@@ -224,7 +234,7 @@ def collect(work: Path, isas: list[str], seeds: list[int]) -> dict[str, Any]:
         }  # fmt: skip
     steps = [m["steps"] for m in models.values()]
     return {
-        "models": models, "runs": runs, "ranges": ranges, "collapse": collapse, "pairs": len(pairs), "symclip_below_grpo": below,
+        "models": models, "runs": runs, "ranges": ranges, "collapse": collapse, "pairs": len(pairs), "symclip_below_grpo": below, "symclip_minus_grpo": diff,
         "model_ranges": {
             "accuracy": [min(acc), max(acc)], "steps": [min(steps), max(steps)],
             "seconds": [min(m["seconds"] or math.nan for m in models.values()),
@@ -235,12 +245,17 @@ def collect(work: Path, isas: list[str], seeds: list[int]) -> dict[str, Any]:
 
 
 def _commit() -> str:
+    """HEAD's short hash, with "+ uncommitted changes" when tracked files differ from it."""
     try:
-        return subprocess.run(
+        head = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+    return head + (" + uncommitted changes" if dirty else "")
 
 
 def markdown(data: dict[str, Any], command: str) -> str:
@@ -284,10 +299,11 @@ def markdown(data: dict[str, Any], command: str) -> str:
             "",
             f"## GRPO-fix against GRPO, paired by instruction set and seed ({data['pairs']} pairs)",
             "",
-            "| measure | pairs where GRPO-fix is below GRPO |",
-            "|---|---|",
+            "| measure | pairs where GRPO-fix is below GRPO | GRPO-fix − GRPO (min – max) |",
+            "|---|---|---|",
             *(
-                f"| {label} | {data['symclip_below_grpo'][k]} of {data['pairs']} |"
+                f"| {label} | {data['symclip_below_grpo'][k]} of {data['pairs']} | "
+                f"{data['symclip_minus_grpo'][k][0]:+.3f} – {data['symclip_minus_grpo'][k][1]:+.3f} |"
                 for k, label in MEASURES.items()
             ),
         ]
@@ -311,7 +327,9 @@ def markdown(data: dict[str, Any], command: str) -> str:
             "",
             f"`python -m experiments.first_hour --collapse` also builds the old default model (`python -m "
             f"scaledrun.tiny {' '.join(COLLAPSE_TINY_ARGS)}`: {c['model']['steps']} fixed steps, held-out greedy "
-            f"accuracy {c['model']['accuracy']:.2f} on this CPU's own kernels) and trains GRPO on it with each "
+            f"accuracy {c['model']['accuracy']:.2f} with this CPU's own kernels"
+            + "".join(f", {a:.2f} with {isa}" for isa, a in c["model_accuracy"].items() if isa != "native")
+            + ") and trains GRPO on the native one with each "
             "`truncation` policy (`mask`, the default: a truncated completion leaves the loss and its group's "
             "advantages; `failure_reward`: it gets reward 0 and stays in).",
             "",

@@ -58,6 +58,10 @@ def _work(tmp_path):
                 rows = _rows(reward, 0.0, 0.6 if isa == "native" else 0.02)
                 (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (work / "collapse" / "model").mkdir(parents=True)
+    (work / "collapse" / "model-avx2").mkdir(parents=True)
+    (work / "collapse" / "model-avx2" / "warm_start.json").write_text(
+        json.dumps({"losses": [1.0] * 300, "accuracy_after": 0.17})
+    )
     (work / "collapse" / "model" / "warm_start.json").write_text(
         json.dumps({"losses": [1.0] * 300, "accuracy_after": 0.79})
     )
@@ -87,6 +91,7 @@ def test_ranges_and_the_page(tmp_path):
     # paired by (instruction set, seed): GRPO-fix's reward (0.4 + seed/10) is below GRPO's (0.5 + seed/10)
     assert data["run_seconds"] == pytest.approx([20.0, 20.0])  # 200 steps × 0.1 s
     assert data["pairs"] == 4 and data["symclip_below_grpo"]["reward_last10"] == 4
+    assert data["symclip_minus_grpo"]["reward_last10"] == pytest.approx([-0.1, -0.1])
     assert data["symclip_below_grpo"]["clip_high_frac"] == 0  # equal values are not "below"
     page = out.read_text()
     assert (
@@ -97,6 +102,7 @@ def test_ranges_and_the_page(tmp_path):
     assert not math.isnan(data["runs"][0]["entropy_last10"])
     collapse = data["collapse"]  # two finished runs of the collapse study (the other seeds: not run)
     assert collapse["model"] == {"steps": 300, "accuracy": 0.79}
+    assert collapse["model_accuracy"] == {"native": 0.79, "avx2": 0.17}
     assert [(r["truncation"], r["collapsed"], r["no_update_steps"]) for r in collapse["runs"]] == [
         ("mask", 1.0, 3),
         ("failure_reward", 0.0, 0),
