@@ -4,8 +4,8 @@ Floating-point results differ between CPUs because they run different SIMD kerne
 orders): the tiny model's warm start and the tokens it samples then differ from machine to machine.
 These environment variables make this machine run the kernels of a CPU without AVX-512, or without any
 SIMD, so that such a difference shows here (``tests/machines.py`` reruns the sampling tests under them;
-``experiments/first_hour.py`` measures the README's first hour under them). Seen here: the same 300-step
-warm start gives greedy accuracy 0.79 natively (AVX-512), 0.17 with AVX2 and 0.28 with no SIMD.
+``experiments/first_hour.py`` measures the README's first hour under them; its ``--collapse`` part shows
+the same 300-step warm start ending at very different accuracies under each, docs/first-hour.md).
 """
 
 from __future__ import annotations

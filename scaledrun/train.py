@@ -156,6 +156,7 @@ import math
 import random
 import sys
 import time
+import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -290,7 +291,11 @@ def load_model_and_tokenizer(cfg: RunConfig) -> tuple[Any, Any]:
         from peft import get_peft_model
 
         torch.manual_seed(cfg.seed)  # the LoRA A init
-        model = get_peft_model(model, lora_config(cfg))
+        with warnings.catch_warnings():
+            # PEFT reads transformers' deprecated `is_gradient_checkpointing`: a FutureWarning on every run
+            # that is not ours to fix (seen with transformers 5.24, PEFT 0.21)
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            model = get_peft_model(model, lora_config(cfg))
     elif cfg.beta > 0:
         raise ValueError(
             "config field `beta` > 0 needs LoRA (the reference is the base model with the adapter off)"
@@ -336,7 +341,7 @@ def check_model_source(name: str) -> None:
     under ``artifacts/`` or ``runs/``, more than ``org/name``) and does not exist fails here without
     touching the network; so does a hub name that is not in the local hub cache when ``HF_HUB_OFFLINE``
     is set, or when one short request (``HUB_PROBE_TIMEOUT_S``) finds the hub unreachable or without
-    that model. Without this, ``from_pretrained`` spends about 48 s on retries before its own error.
+    that model. Without this, ``from_pretrained`` retries the download for a long while before its own error.
     """
     path = Path(name).expanduser()
     folders = local_model_folders()
@@ -1035,7 +1040,13 @@ def _train(
             res = update(
                 cfg, accelerator, model, optimizer, update_batch, adv, generator, first_grads=first_grads
             )
-        scheduler.step()
+        with warnings.catch_warnings():
+            # the LR schedule follows RL steps; a step without an optimizer step (every completion truncated,
+            # or a reward-balanced buffer still filling) is expected here, not the mistake torch warns about
+            warnings.filterwarnings(
+                "ignore", message=".*lr_scheduler.step.*optimizer.step.*", category=UserWarning
+            )
+            scheduler.step()
         t_upd = time.perf_counter() - t1
         if dump is not None:
             torch.save(first_grads, dump / f"step_{step:06d}_grads.pt")
