@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from scaledrun.runlog import read_metrics
+
 from .machines import INSTRUCTION_SETS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,11 +72,6 @@ def _run(cmd: list[str], isa: str, log: Path) -> None:
         proc = subprocess.run(cmd, cwd=REPO, env=_env(isa), stdout=f, stderr=subprocess.STDOUT)
     if proc.returncode != 0:
         raise RuntimeError(f"failed ({isa}): {' '.join(cmd)}; see {log}")
-
-
-def _rows(run: Path) -> list[dict[str, Any]]:
-    path = run / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
 
 
 #: The collapse study (``--collapse``): the old default model, 300 fixed warm-start steps (on an AVX-512
@@ -134,16 +131,18 @@ def run_all(work: Path, isas: list[str], seeds: list[int], jobs: int = 1, collap
         models += [(isa, work / "collapse" / f"model-{isa}") for isa in isas if isa != "native"]
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         list(pool.map(lambda m: build(*m), models))
-        list(pool.map(lambda job: train(*job), [j for j in todo if len(_rows(j[2])) < STEPS]))
+        list(pool.map(lambda job: train(*job), [j for j in todo if len(read_metrics(j[2])) < STEPS]))
 
 
 def summarize_run(rows: list[dict[str, Any]]) -> dict[str, float]:
     """The ``MEASURES`` of one finished run's rows."""
 
     def mean(key: str, part: list[dict[str, Any]]) -> float:
-        return statistics.fmean(r[key] for r in part if r.get(key) is not None)
+        return statistics.fmean(r[key] for r in part if math.isfinite(r.get(key, math.nan)))
 
-    evals = [r["eval/greedy_accuracy"] for r in rows if r.get("eval/greedy_accuracy") is not None]
+    evals = [
+        r["eval/greedy_accuracy"] for r in rows if math.isfinite(r.get("eval/greedy_accuracy", math.nan))
+    ]
     last = rows[-10:]
     out = {
         "reward_first_quarter": mean("reward/mean", rows[: len(rows) // 4]),
@@ -175,7 +174,7 @@ def collect(work: Path, isas: list[str], seeds: list[int]) -> dict[str, Any]:
         }
         for seed in seeds:
             for objective in OBJECTIVES:
-                rows = _rows(work / isa / f"{objective}-s{seed}")
+                rows = read_metrics(work / isa / f"{objective}-s{seed}")
                 if len(rows) >= STEPS:
                     seconds = sum(r.get("time/step_s") or 0.0 for r in rows)
                     runs.append(
@@ -215,7 +214,9 @@ def collect(work: Path, isas: list[str], seeds: list[int]) -> dict[str, Any]:
     if collapse_model.is_file():
         rec = json.loads(collapse_model.read_text())
         done = [
-            (t, s, _rows(work / "collapse" / f"grpo-{t}-s{s}")) for s in COLLAPSE_SEEDS for t in TRUNCATIONS
+            (t, s, read_metrics(work / "collapse" / f"grpo-{t}-s{s}"))
+            for s in COLLAPSE_SEEDS
+            for t in TRUNCATIONS
         ]
         old = {"native": rec}
         for isa in isas:

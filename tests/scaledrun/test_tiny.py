@@ -157,3 +157,19 @@ def test_build_tiny_rejects_bad_arguments(tmp_path):
         build_tiny(tmp_path, "chess")
     with pytest.raises(ValueError, match="warm_start_steps"):
         build_tiny(tmp_path, "arithmetic", warm_start_steps=-1)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"), [("2", "must be in (0, 1]"), ("half", "must be a number in (0, 1]")]
+)
+def test_stop_at_accuracy_rejects_bad_values(tmp_path, capsys, value, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--out", str(tmp_path / "m"), "--stop-at-accuracy", value])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "m").exists()  # nothing built
+
+
+def test_stop_at_accuracy_none_trains_every_step():
+    from scaledrun.tiny import _stop_accuracy
+
+    assert _stop_accuracy("none") is None and _stop_accuracy("off") is None and _stop_accuracy("0.4") == 0.4
