@@ -1,4 +1,4 @@
-"""Reward functions ``(prompts, completions, answers) -> list[float]`` and a crash-proof caller.
+"""Reward functions ``(prompts, completions, answers, **columns) -> list[float]`` and a crash-proof caller.
 
 Registry ``REWARDS`` (add one with ``@register_reward("name")``):
 
@@ -9,21 +9,31 @@ Registry ``REWARDS`` (add one with ``@register_reward("name")``):
   gold answer according to the ``math-verify`` package (``\\frac{1}{2}`` equals ``0.5``), else 0.0; a
   completion without ``\\boxed{}`` gets 0.0.
 
-``compute_rewards`` calls one by name and never lets a failing sample crash the run: when the batch
-call raises, every sample is retried alone, and a sample whose call raises (or returns a value that
-is not a finite number) gets ``failure_reward`` and is counted.
+A reward function gets the batch's chat-formatted prompts, completions and gold answers (one each per
+row), and the dataset's other columns as keyword arguments, one value per row (as TRL's reward
+functions do): a function with ``**kwargs`` gets every column, one with named keyword parameters gets
+the columns so named, one with neither (the built-ins) gets none. Several rewards combine as a
+weighted sum (TRL's ``reward_funcs`` / ``reward_weights``): ``compute_rewards("math_verify,format",
+..., weights=[1.0, 0.2])``.
+
+``compute_rewards`` never lets a failing sample crash the run: when a function's batch call raises,
+every sample is retried alone, and a sample whose call raises (or returns a value that is not a
+finite number) gets ``failure_reward`` for that function and is counted.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
-RewardFn = Callable[[Sequence[str], Sequence[str], Sequence[str]], list[float]]
+#: ``fn(prompts, completions, answers, **columns) -> one float per row`` (``columns`` optional).
+RewardFn = Callable[..., list[float]]
 REWARDS: dict[str, RewardFn] = {}
 
 _INT = re.compile(r"-?\d+")
@@ -121,6 +131,35 @@ def get_reward(name: str) -> RewardFn:
         raise ValueError(f"unknown reward {name!r}; valid: {', '.join(REWARDS)}") from None
 
 
+def parse_reward_names(spec: str | Sequence[str]) -> list[str]:
+    """The reward names of ``spec``: one name, comma-separated names (``"math_verify,format"``) or a list.
+
+    Raises ``ValueError`` for an empty spec or an unknown name (listing the valid ones).
+    """
+    parts = spec.split(",") if isinstance(spec, str) else list(spec)
+    names = [str(p).strip() for p in parts]
+    if not names or not all(names):
+        raise ValueError(f"reward names {spec!r}: expected one or more names separated by commas")
+    for name in names:
+        get_reward(name)
+    return names
+
+
+def check_weights(names: Sequence[str], weights: Sequence[float] | None) -> list[float]:
+    """The weight of each reward (``None``: 1.0 each, TRL's default); a wrong count or a non-finite
+    weight raises ``ValueError``."""
+    if weights is None:
+        return [1.0] * len(names)
+    if len(weights) != len(names):
+        raise ValueError(
+            f"{len(weights)} reward weight(s) for {len(names)} reward(s) ({', '.join(names)}); give one per reward"
+        )
+    out = [float(w) for w in weights]
+    if not all(math.isfinite(w) for w in out):
+        raise ValueError(f"reward weights must be finite numbers, got {list(weights)}")
+    return out
+
+
 def _as_reward(value: object) -> float | None:
     try:
         x = float(value)  # type: ignore[arg-type]
@@ -129,25 +168,30 @@ def _as_reward(value: object) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def compute_rewards(
+def _columns_for(fn: RewardFn, columns: Mapping[str, Sequence[Any]]) -> dict[str, Sequence[Any]]:
+    """The columns ``fn`` takes as keyword arguments: all with ``**kwargs``, else those it names."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: pass none
+        return {}
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return dict(columns)
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return {k: v for k, v in columns.items() if k in params and params[k].kind in named}
+
+
+def _score(
     name: str,
     prompts: Sequence[str],
     completions: Sequence[str],
     answers: Sequence[str],
-    failure_reward: float = 0.0,
-) -> tuple[list[float], int]:
-    """Rewards of a batch, and how many samples failed.
-
-    The reward function runs on the whole batch first; if that raises, or returns the wrong number of
-    values, each sample runs alone. A sample whose call raises, or whose value is not a finite number,
-    gets ``failure_reward`` and counts as a failure (the first error of a call is logged).
-    """
+    columns: Mapping[str, Sequence[Any]],
+) -> list[float | None]:
+    """One reward function's values, None where a sample failed (batch call first, then one by one)."""
     fn = get_reward(name)
-    _check_lengths(prompts, completions, answers)
-    if not math.isfinite(failure_reward):
-        raise ValueError(f"`failure_reward` must be a finite number, got {failure_reward}")
+    kwargs = _columns_for(fn, columns)
     try:
-        values = list(fn(prompts, completions, answers))
+        values = list(fn(prompts, completions, answers, **kwargs))
         if len(values) != len(completions):
             raise ValueError(
                 f"reward {name!r} returned {len(values)} values for {len(completions)} completions"
@@ -155,19 +199,55 @@ def compute_rewards(
     except Exception as err:  # a failing batch: fall back to one sample at a time
         logger.warning("reward %r failed on the batch (%s); scoring each sample alone", name, err)
         values = []
-        for p, c, a in zip(prompts, completions, answers, strict=True):
+        for i, (p, c, a) in enumerate(zip(prompts, completions, answers, strict=True)):
             try:
-                one = list(fn([p], [c], [a]))
+                one = list(fn([p], [c], [a], **{k: [v[i]] for k, v in kwargs.items()}))
                 values.append(one[0] if len(one) == 1 else None)
             except Exception as sample_err:
                 logger.warning("reward %r failed on one sample: %s", name, sample_err)
                 values.append(None)
-    rewards: list[float] = []
-    failures = 0
-    for v in values:
-        x = _as_reward(v)
-        if x is None:
-            failures += 1
-            x = float(failure_reward)
-        rewards.append(x)
-    return rewards, failures
+    return [_as_reward(v) for v in values]
+
+
+def compute_rewards(
+    name: str | Sequence[str],
+    prompts: Sequence[str],
+    completions: Sequence[str],
+    answers: Sequence[str],
+    failure_reward: float = 0.0,
+    *,
+    weights: Sequence[float] | None = None,
+    columns: Mapping[str, Sequence[Any]] | None = None,
+) -> tuple[list[float], int]:
+    """Rewards of a batch (one per row), and how many samples failed.
+
+    Args:
+        name: a reward name, comma-separated names, or a list of names (``parse_reward_names``).
+        prompts, completions, answers: one per row.
+        failure_reward: the value a failed sample gets from the function that failed on it.
+        weights: one per reward (None: 1.0 each); the reward of a row is Σ_k w_k · r_k.
+        columns: the dataset's other columns, name → one value per row (``tasks.reward_columns``),
+            passed to the functions that take them (see the module docstring).
+
+    Each function runs on the whole batch first; if that raises, or returns the wrong number of values,
+    each sample runs alone. A sample whose call raises, or whose value is not a finite number, gets
+    ``failure_reward`` for that function; the count is of samples with at least one failure (the first
+    error of a call is logged).
+    """
+    names = parse_reward_names(name)
+    w = check_weights(names, weights)
+    _check_lengths(prompts, completions, answers)
+    if not math.isfinite(failure_reward):
+        raise ValueError(f"`failure_reward` must be a finite number, got {failure_reward}")
+    columns = dict(columns or {})
+    for key, values in columns.items():
+        if len(values) != len(completions):
+            raise ValueError(f"reward column {key!r} has {len(values)} values for {len(completions)} rows")
+    per_fn = [_score(n, prompts, completions, answers, columns) for n in names]
+    failed = [any(v[i] is None for v in per_fn) for i in range(len(completions))]
+    filled = [[float(failure_reward) if x is None else x for x in v] for v in per_fn]
+    if len(names) == 1 and weights is None:
+        rewards = filled[0]  # one unweighted reward: its values exactly
+    else:
+        rewards = [sum(wk * v[i] for wk, v in zip(w, filled, strict=True)) for i in range(len(completions))]
+    return rewards, sum(failed)

@@ -1,4 +1,4 @@
-"""Verifiable tasks: synthetic ones generated offline from a seed, or JSONL/Parquet files.
+"""Verifiable tasks: synthetic ones generated offline from a seed, or rows of a dataset.
 
 Built-in synthetic tasks (``TASKS``), all with the integer result as the gold answer text:
 
@@ -17,49 +17,90 @@ Built-in synthetic tasks (``TASKS``), all with the integer result as the gold an
   trainer's ``eval/form_entropy``) is measurable; which form is the ``solution`` (form 0) carries no
   meaning, and the tiny model's warm start trains on both forms of every problem equally.
 
-Splits: a problem belongs to the eval split when ``crc32("a op b") % 5 == 0`` and to the train split
-otherwise, so train and eval are disjoint for every seed; the seed only decides which problems of
-a split are drawn and in what order. Subtraction keeps the larger operand first (no negative
-results).
+Synthetic splits: a problem belongs to the eval split when ``crc32("a op b") % 5 == 0`` and to the
+train split otherwise, so train and eval are disjoint for every seed; the seed only decides which
+problems of a split are drawn and in what order. Subtraction keeps the larger operand first (no
+negative results). ``n=None`` draws ``SYNTHETIC_DEFAULT_N`` (64) problems.
 
-Files: ``load_task("data.jsonl", ...)`` reads a JSONL (``.json``/``.jsonl``) or Parquet file with
-``datasets.load_dataset("json" | "parquet", data_files=...)``, all local. A path containing
-``{split}`` (``data/{split}.jsonl``) reads one file per split; a single file is split with the same
-hash rule on the prompt text.
+Datasets (``load_task(source, ...)`` for any ``source`` that is not a synthetic task name), read with
+the ``datasets`` library; nothing is downloaded unless ``source`` is a hub name:
+
+- a ``.jsonl``/``.json``/``.parquet`` file (``datasets.load_dataset("json" | "parquet", data_files=...)``,
+  offline); ``{split}`` in the path (``data/{split}.jsonl``) reads one file per split name;
+- a local folder written by ``save_to_disk`` (``datasets.load_from_disk``; a ``DatasetDict`` is read
+  by split name, a single ``Dataset`` is one split), or any other local folder of data files
+  (``datasets.load_dataset(folder, split=...)``, split names from the file names);
+- otherwise a hub dataset name (``datasets.load_dataset(name, dataset_config, split=...)``; split
+  strings such as ``train[:1000]`` work there).
+
+Splits of a dataset (the roles ``"train"`` and ``"eval"``): the train role reads ``train_split``; the
+eval role reads ``eval_split`` (a split name of the same dataset, or the path of a file), or, with
+``eval_fraction`` instead, the rows of the train split whose prompt hashes below that fraction (the
+train role then leaves them out: disjoint, the same rows for every seed, duplicates of a prompt on
+one side). With neither the dataset has no eval rows: nothing is held out silently
+(``has_eval_source``).
+
+Columns: ``prompt_field`` and ``answer_field`` name columns, dotted for nested ones
+(``reward_model.ground_truth`` reads ``row["reward_model"]["ground_truth"]``, as in verl's parquet
+files; a column whose own name holds the dot, as ``Dataset.flatten`` writes, is found too). A prompt is
+a string (one user message) or a list of ``{"role", "content"}`` messages given to the chat template
+as they are. Every other column travels with the task (``Task.extra``) to the reward functions as a
+keyword argument (``reward_columns``), as TRL's reward functions receive the dataset's columns.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import zlib
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-#: Valid ``split`` values.
+#: Valid ``split`` values (the roles a task list plays).
 SPLITS = ("train", "eval")
 #: File suffixes ``load_task`` reads, and the ``datasets`` builder for each.
 FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
-#: One in ``EVAL_MOD`` problems (by hash) is held out for evaluation.
+#: One in ``EVAL_MOD`` synthetic problems (by hash) is held out for evaluation.
 EVAL_MOD = 5
+#: Problems a synthetic task draws when ``n`` is None (the tiny run's ``num_train``).
+SYNTHETIC_DEFAULT_N = 64
+#: Names of the reward functions' positional arguments: a dataset column so named is not passed on.
+RESERVED_COLUMNS = ("prompts", "completions", "answers")
+#: ``apply_chat_template`` arguments ``format_prompt`` sets itself (or that would change what it
+#: returns): not allowed in ``chat_template_kwargs``.
+RESERVED_TEMPLATE_KWARGS = (
+    "conversation", "tokenize", "add_generation_prompt", "continue_final_message", "return_dict",
+    "return_tensors", "return_assistant_tokens_mask",
+)  # fmt: skip
+#: Files that mark a ``save_to_disk`` folder: a ``DatasetDict`` and a single ``Dataset``.
+_DISK_DICT, _DISK_DATASET = "dataset_dict.json", "state.json"
+
+#: A chat message, ``{"role": ..., "content": ...}``.
+Message = dict[str, str]
 
 
 @dataclass(frozen=True)
 class Task:
     """One verifiable example.
 
-    ``prompt``: the user message (before the chat template); ``answer``: the gold answer the reward
-    compares with; ``solution``: a reference completion (the supervised warm start's target; equal to
-    ``answer`` except for the ``template`` tasks, where it is the full answer template); ``forms``: every
-    equally correct reference completion (``solution`` first) when a task has several surface forms of
-    the same answer (``template_forms``), empty otherwise (then ``solution`` is the only one).
+    ``prompt``: the user message (before the chat template), or a tuple of chat messages
+    (``{"role", "content"}`` dicts) given to the template as they are; ``answer``: the gold answer the
+    reward compares with; ``solution``: a reference completion (the supervised warm start's target;
+    equal to ``answer`` except for the ``template`` tasks, where it is the full answer template);
+    ``forms``: every equally correct reference completion (``solution`` first) when a task has several
+    surface forms of the same answer (``template_forms``), empty otherwise (then ``solution`` is the
+    only one); ``extra``: the dataset row's other columns (empty for synthetic tasks), given to the
+    reward functions as keyword arguments. ``prompt`` and ``extra`` take part in equality, not in
+    the hash (messages and column values need not be hashable).
     """
 
-    prompt: str
+    prompt: str | tuple[Message, ...] = field(hash=False)
     answer: str
     solution: str
     forms: tuple[str, ...] = ()
+    extra: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     @property
     def references(self) -> tuple[str, ...]:
@@ -186,7 +227,7 @@ def synthetic_tasks(
 
 
 # --------------------------------------------------------------------------------------------
-# files
+# datasets: where the rows come from
 
 
 def _check_split(split: str) -> None:
@@ -194,61 +235,281 @@ def _check_split(split: str) -> None:
         raise ValueError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}")
 
 
-def task_files(path: str) -> dict[str, Path]:
-    """The file each split reads from a task path (``{split}`` in the path gives one file per split)."""
-    return {s: Path(path.replace("{split}", s)) for s in SPLITS}
-
-
 def is_task_file(name_or_path: str) -> bool:
-    """Whether ``name_or_path`` names a file (by its suffix) rather than a synthetic task."""
+    """Whether ``name_or_path`` names a file (by its suffix) rather than a synthetic task or a folder."""
     return Path(name_or_path).suffix.lower() in FILE_BUILDERS
 
 
-def _load_file(
-    path: str, split: str, n: int | None, seed: int, prompt_field: str, answer_field: str
-) -> list[Task]:
-    import datasets  # heavy import, only when a file is used
+def task_files(path: str, splits: Sequence[str] = SPLITS) -> dict[str, Path]:
+    """The file each split name reads from a file source (``{split}`` in the path: one file per split)."""
+    return {s: Path(path.replace("{split}", s)).expanduser() for s in splits}
 
-    file = task_files(path)[split]
-    suffix = file.suffix.lower()
-    if suffix not in FILE_BUILDERS:
-        raise ValueError(
-            f"task file {file}: unsupported suffix {suffix!r}; valid: {', '.join(FILE_BUILDERS)}"
+
+def _looks_local(name: str) -> bool:
+    """Whether a name that does not exist here was meant as a local path (a hub name is ``owner/name``)."""
+    path = Path(name)
+    return (
+        is_task_file(name) or path.is_absolute() or name.startswith((".", "~")) or name.endswith("/")
+        or len(path.parts) != 2 or path.parts[0] in ("artifacts", "runs")
+    )  # fmt: skip
+
+
+def source_kind(source: str) -> str:
+    """How ``source`` is read: ``synthetic`` (a ``TASKS`` name), ``file``, ``disk`` (a ``save_to_disk``
+    folder), ``folder`` (another local folder: its data files), ``hub`` (``owner/name``), or ``unknown``."""
+    if source in TASKS:
+        return "synthetic"
+    if is_task_file(source):
+        return "file"
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return "disk" if (path / _DISK_DICT).is_file() or (path / _DISK_DATASET).is_file() else "folder"
+    return "unknown" if _looks_local(source) else "hub"
+
+
+def _disk_splits(source: str) -> list[str] | None:
+    """The split names of a ``save_to_disk`` DatasetDict folder; None for a single saved Dataset."""
+    marker = Path(source).expanduser() / _DISK_DICT
+    return list(json.loads(marker.read_text())["splits"]) if marker.is_file() else None
+
+
+def _one_split(source: str) -> bool:
+    """Whether ``source`` is a single split (a file without ``{split}``, a saved single Dataset)."""
+    kind = source_kind(source)
+    return (kind == "file" and "{split}" not in source) or (kind == "disk" and _disk_splits(source) is None)
+
+
+def has_eval_source(task: str, eval_split: str | None = None, eval_fraction: float | None = None) -> bool:
+    """Whether the task has eval rows: synthetic tasks always; a dataset only through ``eval_split`` or
+    ``eval_fraction`` (a dataset is never split silently)."""
+    return task in TASKS or eval_split is not None or eval_fraction is not None
+
+
+def source_problems(
+    task: str,
+    train_split: str = "train",
+    eval_split: str | None = None,
+    eval_fraction: float | None = None,
+    dataset_config: str | None = None,
+) -> list[tuple[str, str]]:
+    """What is wrong with a task source, as (config field, why) pairs; empty when nothing is.
+
+    Local sources are checked on disk (files, split names of a saved DatasetDict); a hub name is not
+    looked up (no network here).
+    """
+    kind = source_kind(task)
+    if kind == "unknown":
+        path = Path(task).expanduser()
+        if path.is_file():
+            why = f"unsupported file type {path.suffix!r}; valid: {', '.join(FILE_BUILDERS)}"
+        elif "/" in task or task.startswith((".", "~")):
+            why = f"no such file or folder: {task}"
+        else:
+            why = (
+                f"unknown task; valid: {', '.join(TASKS)}, a path ending in {', '.join(FILE_BUILDERS)}, a "
+                "folder written by `save_to_disk` or of data files, or a hub dataset as owner/name"
+            )
+        return [("task", why)]
+    if kind == "synthetic":
+        out = []
+        if train_split != "train":
+            out.append(
+                ("train_split", "synthetic tasks have the splits train and eval only; leave it at 'train'")
+            )
+        for name, value in (("eval_split", eval_split), ("eval_fraction", eval_fraction)):
+            if value is not None:
+                out.append(
+                    (name, "synthetic tasks have their own held-out split (a hash of the problem); unset it")
+                )
+        if dataset_config is not None:
+            out.append(("dataset_config", "only hub datasets have configurations; unset it"))
+        return out
+    out = []
+    if dataset_config is not None and kind != "hub":
+        out.append(
+            ("dataset_config", f"only hub datasets have configurations, and {task} is local; unset it")
         )
-    if not file.is_file():
-        raise FileNotFoundError(f"task file {file} does not exist")
-    if file.stat().st_size == 0:
-        raise ValueError(f"task file {file} is empty: it holds no rows")
+    if eval_split is not None and eval_fraction is not None:
+        out.append(("eval_fraction", "set `eval_split` or `eval_fraction`, not both"))
+    if eval_split is not None and eval_split == train_split:
+        out.append(("eval_split", "is the train split: the eval would run on training prompts"))
+    one = _one_split(task)
+    if one and train_split != "train":
+        out.append(
+            ("train_split", f"{task} is one split (a single file or a saved Dataset); leave it at 'train'")
+        )
+    if kind == "file" and "{split}" in task:
+        file = task_files(task, [train_split])[train_split]
+        if not file.is_file():
+            out.append(("task", f"the task file {file} (split {train_split!r}) does not exist"))
+    elif kind == "file" and not Path(task).expanduser().is_file():
+        out.append(("task", f"the task file {Path(task).expanduser()} does not exist"))
+    splits = _disk_splits(task) if kind == "disk" else None
+    if splits is not None and train_split not in splits:
+        out.append(("train_split", f"{task} has no split {train_split!r}; its splits: {', '.join(splits)}"))
+    if eval_split is not None:
+        if is_task_file(eval_split):
+            if "{split}" in eval_split:
+                out.append(("eval_split", "is one file; a `{split}` pattern belongs in `task`"))
+            elif not Path(eval_split).expanduser().is_file():
+                out.append(("eval_split", f"the file {Path(eval_split).expanduser()} does not exist"))
+        elif one:
+            out.append(
+                (
+                    "eval_split",
+                    f"{task} is one split (a single file or a saved Dataset): give a file path "
+                    f"({', '.join(FILE_BUILDERS)}) or use `eval_fraction`",
+                )
+            )
+        elif kind == "file":
+            file = task_files(task, [eval_split])[eval_split]
+            if not file.is_file():
+                out.append(("eval_split", f"the task file {file} does not exist"))
+        elif splits is not None and eval_split not in splits:
+            out.append(("eval_split", f"{task} has no split {eval_split!r}; its splits: {', '.join(splits)}"))
+    return out
+
+
+def _read(source: str, split: str | None, dataset_config: str | None) -> tuple[Any, str]:
+    """One split of ``source`` as a ``datasets.Dataset``, and how to name it in errors."""
+    import datasets  # heavy import, only when a dataset is used
+
+    kind = source_kind(source)
+    path = Path(source).expanduser()
+    if kind == "file":
+        file = Path(source.replace("{split}", split or "")).expanduser() if "{split}" in source else path
+        if not file.is_file():
+            raise FileNotFoundError(f"task file {file} does not exist")
+        if file.stat().st_size == 0:
+            raise ValueError(f"task file {file} is empty: it holds no rows")
+        builder = FILE_BUILDERS[file.suffix.lower()]
+        where = f"task file {file}"
+
+        def load() -> Any:
+            return datasets.load_dataset(builder, data_files=str(file), split="train")
+
+    elif kind == "disk":
+        splits = _disk_splits(source)
+        if splits is not None and split not in splits:
+            raise ValueError(f"dataset {source} has no split {split!r}; its splits: {', '.join(splits)}")
+        where = f"dataset {source}" + (f" (split {split})" if splits is not None else "")
+
+        def load() -> Any:
+            loaded = datasets.load_from_disk(str(path))
+            return loaded[split] if splits is not None else loaded
+
+    elif kind in ("folder", "hub"):
+        where = f"{'dataset folder' if kind == 'folder' else 'hub dataset'} {source} (split {split})"
+
+        def load() -> Any:
+            return datasets.load_dataset(
+                str(path) if kind == "folder" else source, dataset_config, split=split
+            )
+
+    else:
+        raise ValueError(dict(source_problems(source))["task"])
     try:
-        ds = datasets.load_dataset(FILE_BUILDERS[suffix], data_files=str(file), split="train")
-    except Exception as err:  # datasets' own errors can be bare; say which file failed
-        raise ValueError(f"task file {file} could not be read as {FILE_BUILDERS[suffix]}: {err!r}") from err
+        ds = load()
+    except Exception as err:  # datasets' own errors can be bare; say which source failed
+        raise ValueError(f"{where} could not be read: {err!r}") from err
     if len(ds) == 0:
-        raise ValueError(f"task file {file} is empty: it holds no rows")
-    for field in (prompt_field, answer_field):
-        if field not in ds.column_names:
+        raise ValueError(f"{where} is empty: it holds no rows")
+    return ds, where
+
+
+# --------------------------------------------------------------------------------------------
+# datasets: rows to tasks
+
+
+def _column(name: str, columns: Sequence[str]) -> str | None:
+    """The column a (dotted) field starts in: the name itself if a column is so named, else its first part."""
+    if name in columns:
+        return name
+    head = name.split(".")[0]
+    return head if head in columns else None
+
+
+def _lookup(row: Mapping[str, Any], name: str) -> Any:
+    """``row[name]``, or the nested value a dotted ``name`` points at (``KeyError`` naming the missing key)."""
+    if name in row:
+        return row[name]
+    value: Any = row
+    for part in name.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            raise KeyError(part)
+        value = value[part]
+    return value
+
+
+def _as_prompt(value: Any, where: str) -> str | tuple[Message, ...]:
+    """A prompt cell as a string or a tuple of messages (``None`` values of a message dropped)."""
+    if isinstance(value, str):
+        if not value.strip():
+            raise ValueError(f"{where}: the prompt is empty")
+        return value
+    if isinstance(value, Sequence) and value and all(isinstance(m, Mapping) for m in value):
+        messages = []
+        for m in value:
+            if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                raise ValueError(
+                    f"{where}: every message of a messages-format prompt needs a string 'role' and "
+                    f"'content', got {dict(m)!r}"
+                )
+            messages.append({k: v for k, v in m.items() if v is not None})
+        return tuple(messages)
+    raise ValueError(
+        f"{where}: a prompt must be a non-empty string or a list of {{'role', 'content'}} messages, "
+        f"got {type(value).__name__} {value!r:.80}"
+    )
+
+
+def tasks_from_rows(
+    rows: Any, prompt_field: str = "prompt", answer_field: str = "answer", where: str = "dataset"
+) -> list[Task]:
+    """One ``Task`` per row of ``rows`` (a ``datasets.Dataset``, or a list of dicts), in order.
+
+    ``prompt_field``/``answer_field`` may be dotted (nested columns). The answer is turned into text
+    (a number becomes its ``str``); every other column goes into ``Task.extra``, except the prompt's
+    and the answer's own columns (a nested field's parent column stays) and ``RESERVED_COLUMNS``.
+    """
+    columns = list(rows.column_names) if hasattr(rows, "column_names") else list(rows[0]) if rows else []
+    for name, what in ((prompt_field, "prompt_field"), (answer_field, "answer_field")):
+        if _column(name, columns) is None:
             raise ValueError(
-                f"task file {file} has no field {field!r} (columns: {', '.join(ds.column_names)}); "
-                "set `prompt_field`/`answer_field` to the right column"
+                f"{where} has no column {name!r} (columns: {', '.join(columns)}); set `{what}` to the right "
+                "column (dotted for a nested one, e.g. reward_model.ground_truth)"
             )
-    rows: list[Task] = []
-    for i, row in enumerate(ds):
-        prompt, answer = row[prompt_field], row[answer_field]
-        if prompt is None or answer is None:
+    skip = {f for f in (prompt_field, answer_field) if f in columns} | set(RESERVED_COLUMNS)
+    out: list[Task] = []
+    for i, row in enumerate(rows):
+        at = f"{where}, row {i}"
+        try:
+            prompt, answer = _lookup(row, prompt_field), _lookup(row, answer_field)
+        except KeyError as err:
             raise ValueError(
-                f"task file {file}, row {i}: field {prompt_field!r} or {answer_field!r} is empty"
+                f"{at}: no key {err.args[0]!r} on the way to {prompt_field!r} / {answer_field!r}"
+            ) from None
+        if answer is None:
+            raise ValueError(f"{at}: the answer ({answer_field!r}) is empty")
+        if not isinstance(answer, (str, int, float)):
+            raise ValueError(
+                f"{at}: the answer ({answer_field!r}) must be text or a number, got {type(answer).__name__}; "
+                "point `answer_field` at one value (other columns reach the rewards as keyword arguments)"
             )
-        rows.append(Task(str(prompt), str(answer), str(answer)))
-    if "{split}" not in path:
-        rows = [t for t in rows if _in_split(t.prompt, split)]
-        if not rows:
-            raise ValueError(f"task file {file} has no {split} rows (one prompt in {EVAL_MOD} goes to eval)")
-    random.Random(seed).shuffle(rows)
-    if n is None:
-        return rows
-    if n > len(rows):
-        raise ValueError(f"task file {file} has {len(rows)} {split} rows, fewer than the {n} asked")
-    return rows[:n]
+        text = str(answer)
+        extra = {k: v for k, v in row.items() if k not in skip}
+        out.append(Task(_as_prompt(prompt, f"{at} ({prompt_field!r})"), text, text, extra=extra))
+    return out
+
+
+def held_out(prompt: str | Sequence[Message], fraction: float) -> bool:
+    """Whether ``eval_fraction`` = ``fraction`` holds this prompt out for evaluation.
+
+    crc32 of the prompt's text (of its messages' JSON for a messages-format prompt) below
+    ``fraction`` · 2³²: about that share of the distinct prompts, the same for every seed and row order.
+    """
+    key = prompt if isinstance(prompt, str) else json.dumps(list(prompt), sort_keys=True, ensure_ascii=False)
+    return zlib.crc32(key.encode()) < fraction * 2**32
 
 
 def load_task(
@@ -261,36 +522,136 @@ def load_task(
     *,
     digits: int = 2,
     ops: str = "+-",
+    train_split: str = "train",
+    eval_split: str | None = None,
+    eval_fraction: float | None = None,
+    dataset_config: str | None = None,
 ) -> list[Task]:
-    """``n`` examples of a synthetic task or a JSONL/Parquet file, deterministic for ``seed``.
+    """``n`` examples of a synthetic task or a dataset for the role ``split``, deterministic for ``seed``.
 
     Args:
-        name_or_path: a name in ``TASKS`` or a ``.jsonl``/``.json``/``.parquet`` path (``{split}`` in
-            the path is replaced by the split name).
+        name_or_path: a name in ``TASKS``, a ``.jsonl``/``.json``/``.parquet`` path (``{split}`` in it is
+            replaced by the split name), a local dataset folder, or a hub dataset ``owner/name``.
         split: ``"train"`` or ``"eval"`` (disjoint).
-        n: how many examples (``None``: all rows of a file; required for synthetic tasks).
+        n: how many examples, a seeded sample (``None``: every row of a dataset's split;
+            ``SYNTHETIC_DEFAULT_N`` problems of a synthetic task).
         seed: which examples and their order.
-        prompt_field, answer_field: the file's columns (ignored for synthetic tasks).
+        prompt_field, answer_field: the dataset's columns (dotted for nested ones).
         digits, ops: operand digits and operators of the synthetic tasks.
+        train_split: the split name the train role reads.
+        eval_split: what the eval role reads: a split name of the dataset, or a file path.
+        eval_fraction: instead of ``eval_split``, hold out the train split's rows whose prompt hashes
+            below this fraction (``held_out``).
+        dataset_config: a hub dataset's configuration (``load_dataset``'s ``name``).
+
+    A dataset without ``eval_split`` and ``eval_fraction`` has no eval rows: asking for them raises.
     """
     _check_split(split)
+    problems = source_problems(name_or_path, train_split, eval_split, eval_fraction, dataset_config)
+    if problems:
+        name, why = problems[0]
+        raise ValueError(f"`{name}`: {why}")
     if name_or_path in TASKS:
-        if n is None:
-            raise ValueError("synthetic tasks need `n`, the number of examples")
-        return synthetic_tasks(name_or_path, split, n, seed, digits, ops)
-    if is_task_file(name_or_path):
-        return _load_file(name_or_path, split, n, seed, prompt_field, answer_field)
-    raise ValueError(
-        f"unknown task {name_or_path!r}; valid: {', '.join(TASKS)}, or a path ending in {', '.join(FILE_BUILDERS)}"
-    )
+        return synthetic_tasks(
+            name_or_path, split, SYNTHETIC_DEFAULT_N if n is None else n, seed, digits, ops
+        )
+    if split == "eval" and not has_eval_source(name_or_path, eval_split, eval_fraction):
+        raise ValueError(
+            f"{name_or_path} has no eval split: set `eval_split` (a split name or a file) or `eval_fraction`"
+        )
+    if split == "eval" and eval_split is not None:
+        source, name = (eval_split, None) if is_task_file(eval_split) else (name_or_path, eval_split)
+    else:
+        source, name = name_or_path, train_split
+    ds, where = _read(source, name, dataset_config)
+    tasks = tasks_from_rows(ds, prompt_field, answer_field, where)
+    if eval_fraction is not None:
+        tasks = [t for t in tasks if held_out(t.prompt, eval_fraction) == (split == "eval")]
+        if not tasks:
+            raise ValueError(f"{where}: `eval_fraction`={eval_fraction} leaves no {split} rows")
+    random.Random(seed).shuffle(tasks)
+    if n is None:
+        return tasks
+    if n > len(tasks):
+        raise ValueError(f"{where} has {len(tasks)} {split} rows, fewer than the {n} asked")
+    return tasks[:n]
 
 
-def format_prompt(tokenizer: Any, prompt: str) -> str:
-    """The prompt as the model sees it: one user turn through the tokenizer's chat template."""
+# --------------------------------------------------------------------------------------------
+# prompts and reward columns
+
+
+def prompt_messages(prompt: str | Sequence[Message], system_prompt: str | None = None) -> list[Message]:
+    """The chat messages of a prompt: a string becomes one user message, messages stay as they are;
+    ``system_prompt`` goes first as a system message (a prompt with its own system message and a
+    ``system_prompt`` is an error: which one to keep is the user's call)."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
+    if system_prompt is not None:
+        if messages and messages[0].get("role") == "system":
+            raise ValueError(
+                "the prompt has its own system message and `system_prompt` is set; unset `system_prompt` "
+                "(or remove the dataset's system messages)"
+            )
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    return messages
+
+
+def format_prompt(
+    tokenizer: Any,
+    prompt: str | Sequence[Message],
+    system_prompt: str | None = None,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+) -> str:
+    """The prompt as the model sees it: ``prompt_messages`` through the tokenizer's chat template, with
+    the generation prompt (the assistant turn's header) at the end.
+
+    ``chat_template_kwargs`` go to ``apply_chat_template`` and from there to the template (e.g. Qwen3's
+    ``{"enable_thinking": False}``); ``RESERVED_TEMPLATE_KWARGS`` are refused.
+    """
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(
             "the tokenizer has no `chat_template`; use an instruct/chat checkpoint or set tokenizer.chat_template"
         )
+    kwargs = dict(chat_template_kwargs or {})
+    reserved = [k for k in RESERVED_TEMPLATE_KWARGS if k in kwargs]
+    if reserved:
+        raise ValueError(f"`chat_template_kwargs` may not set {', '.join(reserved)}: format_prompt sets them")
     return tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        prompt_messages(prompt, system_prompt), tokenize=False, add_generation_prompt=True, **kwargs
     )
+
+
+def prompt_lengths(
+    tokenizer: Any,
+    prompts: Sequence[str | Sequence[Message]],
+    system_prompt: str | None = None,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+    batch: int = 1024,
+) -> list[int]:
+    """Tokens of each chat-formatted prompt (``format_prompt``, no special tokens added: what the rollouts feed)."""
+    texts = [format_prompt(tokenizer, p, system_prompt, chat_template_kwargs) for p in prompts]
+    out: list[int] = []
+    for i in range(0, len(texts), batch):
+        out += [len(ids) for ids in tokenizer(texts[i : i + batch], add_special_tokens=False)["input_ids"]]
+    return out
+
+
+def drop_overlong(
+    tasks: Sequence[Task],
+    tokenizer: Any,
+    max_prompt_length: int,
+    system_prompt: str | None = None,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+) -> tuple[list[Task], int]:
+    """The tasks whose chat-formatted prompt has at most ``max_prompt_length`` tokens, in order, and how
+    many were dropped (verl's ``filter_overlong_prompts``)."""
+    lengths = prompt_lengths(tokenizer, [t.prompt for t in tasks], system_prompt, chat_template_kwargs)
+    kept = [t for t, n in zip(tasks, lengths, strict=True) if n <= max_prompt_length]
+    return kept, len(tasks) - len(kept)
+
+
+def reward_columns(tasks: Sequence[Task]) -> dict[str, list[Any]]:
+    """The tasks' extra columns as reward keyword arguments: name → one value per task (None where a
+    task lacks the column); ``{}`` for synthetic tasks."""
+    names = dict.fromkeys(k for t in tasks for k in t.extra)
+    return {k: [t.extra.get(k) for t in tasks] for k in names}
