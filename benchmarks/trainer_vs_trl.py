@@ -3,6 +3,9 @@
     .venv/bin/python benchmarks/trainer_vs_trl.py                    # ~5 min on 2 CPU cores
     .venv/bin/python benchmarks/trainer_vs_trl.py --steps 10 --repeats 3 --objectives grpo
     .venv/bin/python benchmarks/trainer_vs_trl.py --model artifacts/tiny-qwen3   # skip the build
+    # realistic completion lengths: an untrained model rarely samples EOS, so completions run to the limit
+    .venv/bin/python benchmarks/trainer_vs_trl.py --warm-start-steps 0 --max-new-tokens 256 \
+        --truncation keep --steps 4 --repeats 2 --objectives grpo
 
 The tiny Qwen3 (``scaledrun.tiny.build_tiny``, warm-started so that completions end with EOS and some
 groups have a reward signal) is built once into a temporary folder unless ``--model`` names one. For
@@ -33,14 +36,16 @@ Held equal
 What differs (each trainer's own work, deliberately kept: that is what is compared)
 -----------------------------------------------------------------------------------
 - Old log-probs: ours always runs a separate no-grad forward pass (with token entropy) after
-  sampling; TRL skips it when ``num_iterations == 1`` (it uses the detached current log-probs, equal
-  on-policy) and runs one only for ``num_iterations > 1``.
+  sampling and, on-policy, takes the first optimizer step's coefficients from it (no second scoring
+  pass); TRL skips the old pass when ``num_iterations == 1`` (it uses the detached current log-probs,
+  equal on-policy) and runs one only for ``num_iterations > 1``. Both score through the LM head on
+  the completion positions only; ours in token chunks (``logprob_chunk_tokens``).
 - The update: ours computes the coefficients ∂J/∂logp of the whole mini-batch with one
   ``compute_loss`` call on the detached log-probs, then backpropagates them (exact micro-batching);
   TRL backpropagates its loss directly. Diagnostics: ours computes per step the cancellation
-  residuals (event keys over the batch, from those coefficients), the output-layer energy buckets (the (B, T, V) probabilities of the
-  first mini-batch), and the token-flip stats, which need one more no-grad forward pass after the
-  update. TRL computes token entropies in its loss pass and gathers/logs its metrics every step
+  residuals (event keys over the batch, from those coefficients); its energy buckets and token-flip
+  stats (one extra no-grad pass each) run every ``flip_every`` steps, by default on the eval cadence:
+  never here (eval is off). TRL computes token entropies in its loss pass and gathers/logs its metrics every step
   (``logging_steps=1``).
 - Both decode completions and compute rewards in Python; TRL also builds per-step logging tables.
 - The sampled completions differ (different RNG use), so lengths and rewards differ slightly; the
@@ -97,7 +102,7 @@ def run_config(args: argparse.Namespace, objective: str, out_dir: Path) -> RunCo
         "--output_dir", str(out_dir), "--eval_every", "0", "--save_every", "0",
         "--group_size", str(args.group_size), "--prompts_per_step", str(args.prompts_per_step),
         "--max_new_tokens", str(args.max_new_tokens), "--inner_epochs", str(args.inner_epochs),
-        "--num_minibatches", "1", "--beta", "0.0", "--dtype", "float32",
+        "--num_minibatches", "1", "--beta", "0.0", "--dtype", "float32", "--truncation", args.truncation,
     ]  # fmt: skip
     cfg = load_config(str(args.config), overrides)
     if cfg.aggregation is not None:
@@ -246,6 +251,12 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=16)
     ap.add_argument("--inner-epochs", dest="inner_epochs", type=int, default=1)
     ap.add_argument("--warm-start-steps", dest="warm_start_steps", type=int, default=200)
+    ap.add_argument(
+        "--truncation",
+        default="mask",
+        choices=["mask", "keep"],
+        help="keep: train on completions cut at --max-new-tokens (an untrained model's)",
+    )
     args = ap.parse_args()
     if args.steps < 2:
         ap.error("--steps must be ≥ 2 (the first step of each run is a warm-up)")
@@ -280,7 +291,7 @@ def main() -> None:
     print(
         f"model {label}; "
         f"G={args.group_size}, prompts/step={args.prompts_per_step}, max_new_tokens={args.max_new_tokens}, "
-        f"inner_epochs={args.inner_epochs}, {args.steps} steps/run (first excluded), {args.repeats} rounds, "
+        f"inner_epochs={args.inner_epochs}, truncation={args.truncation}, {args.steps} steps/run (first excluded), {args.repeats} rounds, "
         f"torch threads={torch.get_num_threads()}"
     )
     header = f"{'objective':<14}{'ours s/step':>13}{'TRL s/step':>12}{'ours/TRL':>10}{'ours tok/s':>12}{'TRL tok/s':>11}"

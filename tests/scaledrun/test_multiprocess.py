@@ -172,9 +172,26 @@ def test_two_processes_match_one(tiny_model, tmp_path):
         assert _rel(_flat(w2), _flat(w1)) < RTOL, f"step {step}: weights differ from one process"
 
 
+def _budget_with_unequal_passes(chosen: Path) -> int:
+    """A token budget under which the two ranks' chosen step-1 batches pack into different numbers of
+    micro-batches, so that the trainer must even them out (``packing.balance_bins``)."""
+    from scaledrun.packing import RowLengths, pack_rows
+
+    batches = [_load(chosen / f"rank{k}" / "step_000001_rollouts.pt") for k in (0, 1)]
+    lengths = [RowLengths.of(b) for b in batches]
+    widest = max(int((x.prompt + x.completion).max()) for x in lengths)
+    for budget in range(widest, 8 * widest):
+        counts = [len(pack_rows(x, b.group, budget)) for x, b in zip(lengths, batches, strict=True)]
+        if counts[0] != counts[1]:
+            return budget
+    raise AssertionError("no budget packs the two ranks' batches into different numbers of passes")
+
+
 @pytest.mark.slow
-def test_two_processes_with_micro_batches_of_one_match_one_process_in_one_pass(tiny_model, tmp_path):
-    """DFPO (positive QP) in two processes with micro-batches of 1 row = one process, whole mini-batches.
+@pytest.mark.parametrize("split", ["rows", "tokens"])
+def test_two_processes_with_micro_batches_of_one_match_one_process_in_one_pass(tiny_model, tmp_path, split):
+    """DFPO (positive QP) in two processes with micro-batches of 1 row, or packed by a token budget under
+    which the ranks need different numbers of passes, = one process, whole mini-batches.
 
     Off-policy (2 inner epochs at GSPO's ε: clipped sequences in the second) and truncated
     completions (4 tokens; step 1 replays a chosen batch on each rank, with truncated rows on both,
@@ -197,7 +214,11 @@ def test_two_processes_with_micro_batches_of_one_match_one_process_in_one_pass(t
         replay_dir(
             tmp_path / "chosen", chosen, lengths, rank=rank, first=2 * rank
         )  # each rank its own groups
-    _launch_two(cfg_file, out2, dbg2, "--micro_batch_size", "1", "--replay_dir", str(tmp_path / "chosen"))
+    if split == "rows":
+        micro = ["--micro_batch_size", "1"]
+    else:  # packed by tokens, a different number of passes on each rank
+        micro = ["--max_tokens_per_micro_batch", str(_budget_with_unequal_passes(tmp_path / "chosen"))]
+    _launch_two(cfg_file, out2, dbg2, *micro, "--replay_dir", str(tmp_path / "chosen"))
     rows2 = read_metrics(out2)
     assert [r["step"] for r in rows2] == [1, 2]
     for r in rows2:
@@ -242,9 +263,12 @@ def test_accelerate_config_files_parse():
         load_config_from_file(str(REPO / "scaledrun/accelerate/zero3.yaml")).deepspeed_config["zero_stage"]
         == 3
     )
-    assert load_config_from_file(str(REPO / "scaledrun/accelerate/fsdp.yaml")).fsdp_config[
-        "fsdp_use_orig_params"
-    ]
+    zero3 = load_config_from_file(str(REPO / "scaledrun/accelerate/zero3.yaml")).deepspeed_config
+    assert zero3["zero3_init_flag"] is True  # a 7-8B model is built sharded, not whole on every rank
+    # FSDP2: FSDP1 cannot flatten a bf16 base with PEFT's fp32 adapters
+    assert (
+        load_config_from_file(str(REPO / "scaledrun/accelerate/fsdp.yaml")).fsdp_config["fsdp_version"] == 2
+    )
 
 
 @pytest.mark.slow

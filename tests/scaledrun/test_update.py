@@ -105,8 +105,9 @@ def test_micro_batches_give_the_one_pass_gradient(setup, objective, params):
                 assert math.isclose(res.metrics[key], value, rel_tol=1e-5, abs_tol=1e-6) or (
                     math.isnan(value) and math.isnan(res.metrics[key])
                 ), (aggregation, size, key)
+            # the meter's nets cancel to float32 rounding (~1e-9 of gross sums of order 1): compare at 1e-7
             for a, b in zip(res.meter.as_list(), whole.meter.as_list(), strict=True):
-                assert math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-9), (aggregation, size)
+                assert math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-7), (aggregation, size)
             for key, value in whole.energy.items():
                 assert math.isclose(res.energy[key], value, rel_tol=1e-5, abs_tol=1e-9), key
 
@@ -182,3 +183,92 @@ def test_lopti_stages_are_taken_together_by_all_processes():
         group, adv, Schedule(lopti_eta=0.5), old_logp=old_logp, mask=mask, any_process=lambda flag: True
     )
     assert [mb.stage for mb in steps] == [0, 1]
+
+
+def _budgets(batch):
+    """Token budgets that split the setup's groups of 4: one row per pass, and ~2 rows per pass."""
+    from scaledrun.packing import RowLengths
+
+    lengths = RowLengths.of(batch)
+    widest = int(lengths.prompt.max() + lengths.completion.max())
+    return lengths, [widest, int(2.5 * widest)]
+
+
+@pytest.mark.parametrize(("objective", "params"), OBJECTIVES, ids=[_id(v) for v in OBJECTIVES])
+def test_token_budget_micro_batches_give_the_one_pass_gradient(setup, objective, params):
+    """Packed micro-batches (sorted, trimmed, groups larger than the budget split) = one pass, to 1e-6."""
+    from scaledrun.packing import pack_rows
+
+    _cfg, _, _, batch = setup
+    lengths, budgets = _budgets(batch)
+    for budget in budgets:
+        bins = pack_rows(lengths, batch.group, budget)
+        # the property under test is certain for this input: some group is cut across passes
+        assert any(len(set(batch.group[b].tolist())) == 1 and len(b) < 4 for b in bins), budget
+    for aggregation in ("token-mean", "seq-mean-token-mean"):
+        whole, g_whole = _update(setup, 0, objective, params, aggregation)
+        for budget in budgets:
+            res, g = _update(
+                setup, 0, objective, {**params, "max_tokens_per_micro_batch": budget}, aggregation
+            )
+            err = float((g - g_whole).abs().max())
+            assert err <= 1e-6 * max(1.0, float(g_whole.abs().max())), (aggregation, budget, err)
+            for key, value in whole.metrics.items():
+                assert math.isclose(res.metrics[key], value, rel_tol=1e-5, abs_tol=1e-6) or (
+                    math.isnan(value) and math.isnan(res.metrics[key])
+                ), (aggregation, budget, key)
+            # trimmed passes: fewer token slots than the mini-batch padded to its widest row
+            assert res.slots < len(batch) * batch.input_ids.shape[1]
+            assert res.tokens == float(batch.attention_mask.sum())
+
+
+def test_on_policy_update_reuses_the_old_logprobs(tiny_model, tmp_path):
+    """On-policy (old log-probs scored by the current weights), the first optimizer step takes its
+    coefficients from them: the same gradient as scoring again, fewer rows through the model."""
+    from accelerate import Accelerator
+
+    cfg = make_cfg(tiny_model, tmp_path, grad_clip=None, micro_batch_size=3, objective="grpo")
+    model, tokenizer = tr.load_model_and_tokenizer(cfg)
+    batch, _ = _rollout(cfg, model, tokenizer)
+    model.train()
+    batch.advantages = torch.tensor([1.2, -0.3, 0.5, -1.4, -0.9, 1.1, 0.6, -0.8])
+    runs = {}
+    for reuse in (False, True):
+        recorder = _RecordingOptimizer(model)
+        res = tr.update(
+            cfg, Accelerator(cpu=True), model, recorder, batch, batch.advantages, torch.Generator(),
+            on_policy=reuse, measure=False,
+        )  # fmt: skip
+        runs[reuse] = (res, _flat(recorder.steps[0]))
+    (res0, g0), (res1, g1) = runs[False], runs[True]
+    assert float(g0.abs().max()) > 0
+    assert float((g1 - g0).abs().max()) <= 1e-6 * float(g0.abs().max())
+    # 8 rows: scored twice (no-grad coefficient pass, then the gradient pass) or once
+    assert (res0.rows_scored, res1.rows_scored) == (16.0, 8.0)
+    assert res1.metrics["ratio/min"] == res1.metrics["ratio/max"] == 1.0
+
+
+def test_gradients_sync_once_per_mini_batch(setup):
+    """DeepSpeed runs its optimizer step on every backward with ``sync_gradients`` on: the update turns it
+    off for every micro-batch but a mini-batch's last (and DDP's ``no_sync`` with it)."""
+    cfg, accelerator, model, batch = setup
+    calls = []
+    real = accelerator.backward
+
+    def counting(loss, **kw):
+        calls.append(accelerator.sync_gradients)
+        return real(loss, **kw)
+
+    accelerator.backward = counting
+    try:
+        _lengths, budgets = _budgets(batch)
+        for fields in ({"micro_batch_size": 3}, {"max_tokens_per_micro_batch": budgets[1]}, {}):
+            calls.clear()
+            c = RunConfig(**{**cfg.__dict__, "num_minibatches": 2, "inner_epochs": 2, **fields})
+            res = tr.update(c, accelerator, model, _RecordingOptimizer(model), batch, batch.advantages,
+                            torch.Generator().manual_seed(0), measure=False)  # fmt: skip
+            assert res.opt_steps == 4 and calls.count(True) == 4, (fields, calls)
+            assert len(calls) > 4 or not fields, (fields, calls)  # several passes per mini-batch
+            assert accelerator.sync_gradients  # restored
+    finally:
+        accelerator.backward = real
