@@ -17,6 +17,7 @@ import ast
 import dataclasses
 import inspect
 import itertools
+import json
 import math
 import textwrap
 import types
@@ -32,12 +33,14 @@ from cancellation.batching import SPLIT_MODES
 from cancellation.objectives import ESTIMATORS, objective_names
 from cancellation.transforms import TRANSFORMS
 
-from .rewards import reward_names
-from .tasks import FILE_BUILDERS, TASKS, is_task_file, task_files
+from .rewards import check_weights, parse_reward_names, reward_names
+from .tasks import RESERVED_TEMPLATE_KWARGS, source_problems
 
 DTYPES = ("float32", "bfloat16")
 #: Valid ``truncation`` values (see the field's docstring).
 TRUNCATIONS = ("mask", "failure_reward", "keep")
+#: String fields that may be given as a list (YAML, Python): the names are joined with commas.
+COMMA_JOINED = ("reward",)
 #: Fields that no longer exist, and what replaced them (an old YAML key or CLI option names the new field).
 RENAMED = {
     "mask_truncated": "`mask_truncated` was replaced by `truncation`: `truncation: mask` (the old "
@@ -83,31 +86,67 @@ class RunConfig:
 
     # ---- data
     task: str = "arithmetic"
-    """A synthetic task (``arithmetic``, ``arithmetic_words``, ``template``, ``template_forms``) or a
-    ``.jsonl``/``.json``/``.parquet`` path (``{split}`` in it reads one file per split). Default: 2-digit addition."""
+    """A synthetic task (``arithmetic``, ``arithmetic_words``, ``template``, ``template_forms``) or a dataset:
+    a ``.jsonl``/``.json``/``.parquet`` file (``{split}`` in the path reads one file per split name), a local
+    folder written by ``save_to_disk`` (a Dataset or a DatasetDict) or of data files, or a hub dataset
+    ``owner/name`` (the only case that downloads; ``scaledrun.tasks``). Default: 2-digit addition."""
+    dataset_config: str | None = None
+    """A hub dataset's configuration (``datasets.load_dataset``'s ``name``, e.g. ``main`` for
+    ``openai/gsm8k``). None: the dataset's default."""
+    train_split: str = "train"
+    """The split the training prompts come from: a split name of a DatasetDict or hub dataset
+    (``train[:1000]`` works on the hub), or what fills ``{split}`` in a file path. A single file or a
+    saved single Dataset is one split: leave it at ``train``."""
+    eval_split: str | None = None
+    """Where the held-out prompts come from: a split name of the dataset (``test``), or the path of a
+    ``.jsonl``/``.json``/``.parquet`` file. None (and no ``eval_fraction``): a dataset has no eval (the
+    run says so; nothing is held out silently). Synthetic tasks have their own held-out split: leave it unset."""
+    eval_fraction: float | None = None
+    """Instead of ``eval_split``: hold out the train split's rows whose prompt hashes below this fraction
+    (crc32, ``tasks.held_out``: about that share, the same rows for every seed, duplicates of a prompt
+    on one side); training then leaves them out. None: off."""
     prompt_field: str = "prompt"
-    """The prompt column of a task file."""
+    """The prompt column of a dataset, dotted for a nested one. Its cells are strings (one user message)
+    or lists of ``{"role", "content"}`` messages, given to the chat template as they are."""
     answer_field: str = "answer"
-    """The gold-answer column of a task file."""
+    """The gold-answer column of a dataset, dotted for a nested one (``reward_model.ground_truth`` in
+    verl's parquet files). The other columns reach the reward functions as keyword arguments."""
+    max_prompt_length: int | None = None
+    """Drop the prompts longer than this many tokens once chat-formatted (train and eval; the count
+    dropped is printed), as verl's ``filter_overlong_prompts``. None: keep every prompt."""
+    system_prompt: str | None = None
+    """A system message put before every prompt by the chat template. None: none (a prompt with its own
+    system message and a ``system_prompt`` is an error)."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    """Extra variables of the chat template (``apply_chat_template``'s keyword arguments), e.g. Qwen3's
+    ``{enable_thinking: false}``; a YAML mapping, a JSON object on the command line
+    (``--chat_template_kwargs '{"enable_thinking": false}'``). None: the template's defaults."""
     digits: int = 2
     """Operand digits of the synthetic tasks. 2: the tiny model reaches a non-zero success rate after its warm start."""
     ops: str = "+"
     """Operators of the synthetic tasks, a string of ``+`` and ``-``. Default: addition only (tiny run)."""
     seed: int = 0
     """Seed of the task draw, the sampling and the LoRA init."""
-    num_train: int = 64
-    """Training prompts drawn from the train split. 64 for the tiny run: each prompt comes back every few
-    steps, so 200 steps on CPU show the reward rising (with 2000 the tiny model's gain is within the noise);
-    set it to the dataset size for real runs."""
+    num_train: int | None = None
+    """Training prompts, a seeded sample of the train split. None: every row of a dataset (after
+    ``max_prompt_length``), and 64 problems of a synthetic task. ``default.yaml`` sets 64 for the tiny
+    run: each prompt comes back every few steps, so 200 steps on CPU show the reward rising (with 2000
+    the tiny model's gain is within the noise)."""
     num_eval: int = 100
-    """Held-out prompts for evaluation (disjoint from the train split)."""
+    """Held-out prompts for evaluation (disjoint from the train split); a dataset's eval split with fewer
+    rows gives them all (the run says so)."""
 
     # ---- reward
     reward: str = "exact_match"
-    """Reward function name (``scaledrun.rewards.REWARDS``): ``exact_match`` for the synthetic tasks,
-    ``math_verify`` for ``\\boxed{}`` math answers."""
+    """Reward function name(s) (``scaledrun.rewards.REWARDS``): ``exact_match`` for the synthetic tasks,
+    ``math_verify`` for ``\\boxed{}`` math answers. Several: comma-separated (``math_verify,my_format``; a
+    YAML list is joined so); the reward is their ``reward_weights``-weighted sum (TRL's ``reward_funcs``)."""
+    reward_weights: list[float] | None = None
+    """One weight per name in ``reward`` (TRL's ``reward_weights``); the logged reward is Σ_k w_k·r_k.
+    None: 1.0 each. On the command line ``--reward_weights 1.0 0.2``."""
     failure_reward: float = 0.0
-    """Reward given to a sample whose reward function raised (counted in the logs, the run goes on)."""
+    """Reward given to a sample whose reward function raised (counted in the logs, the run goes on); with
+    several rewards, that function's term of the sum."""
 
     # ---- rollouts
     group_size: int = 8
@@ -192,6 +231,28 @@ class RunConfig:
     0 or None: the whole mini-batch in one pass. Every micro-batch is normalised by the whole
     mini-batch's global token/sequence count, so the accumulated gradient (one optimizer step per
     mini-batch) equals the one-pass gradient; only peak memory changes."""
+    max_tokens_per_micro_batch: int | None = None
+    """Token budget of one forward/backward pass (prompt + completion tokens of its rows, each row
+    counted at its own length; None: off). Rows are sorted by length and packed whole groups first
+    (a group larger than the budget is split), each micro-batch is trimmed to its own widest row, and
+    every process runs the same number of micro-batches. Exact as ``micro_batch_size`` (the mini-batch's
+    coefficients are computed first), so only memory and speed change. Set at most one of the two."""
+    logprob_chunk_tokens: int = 128
+    """Completion tokens per chunk of the LM head in every scoring pass (old, reference, loss, flips,
+    eval): log-probs by logsumexp over the vocabulary, chunk by chunk, recomputed in the backward pass
+    (``scaledrun.scoring``). Peak extra memory ≈ a few × chunk × vocabulary × 4 bytes, whatever the
+    batch; a larger chunk is faster on a GPU. Exact: the values do not depend on it."""
+    flip_every: int | None = None
+    """Token-flip diagnostics (``flip/*``, one extra no-grad pass over the last mini-batch) every this
+    many steps; None: on the eval cadence (``eval_every``); 0: never. Other steps log them as NaN."""
+    generation_batch_size: int | None = None
+    """Rows (prompt × completion) per ``generate`` call, for rollouts and evaluation (None: all of a
+    step's rows at once). Bounds the KV cache at scale; changes which random numbers each row draws,
+    not the sampling distribution."""
+    rollout_backend: str = "hf"
+    """Where rollouts are sampled (``scaledrun.backends.BACKENDS``): ``hf``, transformers' ``generate``
+    on the training model. The trainer always recomputes the old log-probs itself, so the ratio is
+    exact whatever the backend."""
 
     # ---- optimizer and schedule
     lr: float = 1e-3
@@ -217,6 +278,8 @@ class RunConfig:
     """Run folder: metrics (JSON lines, TensorBoard), the resolved config, checkpoints."""
     save_every: int = 50
     """Checkpoint every this many steps (and at the end); 0: only at the end."""
+    save_total_limit: int | None = None
+    """Keep only the newest this many checkpoints in ``output_dir`` (None: keep all)."""
     resume: bool = False
     """Continue from the latest checkpoint in ``output_dir`` (refused if that checkpoint's run had another
     value in a field that changes the math; ``scaledrun.rundir.RESUME_MAY_DIFFER`` lists those that may differ)."""
@@ -258,24 +321,40 @@ class RunConfig:
             bad("lora_dropout", "must be in [0, 1)")
         if not self.lora_target_modules:
             bad("lora_target_modules", "must name at least one module")
-        if self.task not in TASKS:
-            if not is_task_file(self.task):
-                bad(
-                    "task",
-                    f"unknown task; valid: {', '.join(TASKS)}, or a path ending in {', '.join(FILE_BUILDERS)}",
-                )
-            for path in dict.fromkeys(task_files(self.task).values()):
-                if not path.is_file():
-                    bad("task", f"the task file {path} does not exist")
+        if self.eval_fraction is not None and not 0 < self.eval_fraction < 1:
+            bad("eval_fraction", "must be in (0, 1) (or None: off)")
+        for name, why in source_problems(
+            self.task, self.train_split, self.eval_split, self.eval_fraction, self.dataset_config
+        ):
+            bad(name, why)
+        for name in ("prompt_field", "answer_field"):
+            if not all(getattr(self, name).split(".")):
+                bad(name, "must be a column name, dotted for a nested one (e.g. reward_model.ground_truth)")
+        if self.max_prompt_length is not None and self.max_prompt_length < 1:
+            bad("max_prompt_length", "must be ≥ 1 (or None: keep every prompt)")
+        if self.chat_template_kwargs is not None:
+            reserved = [k for k in RESERVED_TEMPLATE_KWARGS if k in self.chat_template_kwargs]
+            if reserved:
+                bad("chat_template_kwargs", f"may not set {', '.join(reserved)}: the trainer sets them")
         if self.digits < 1:
             bad("digits", "must be ≥ 1")
         if not self.ops or set(self.ops) - {"+", "-"}:
             bad("ops", "must be a non-empty string of '+' and '-'")
-        if self.num_train < 1:
-            bad("num_train", "must be ≥ 1")
+        if self.num_train is not None and self.num_train < 1:
+            bad("num_train", "must be ≥ 1 (or None: every row of a dataset)")
         if self.num_eval < 0:
             bad("num_eval", "must be ≥ 0")
-        choice("reward", reward_names())
+        try:
+            names = parse_reward_names(self.reward)
+        except ValueError:
+            bad(
+                "reward",
+                f"unknown value; valid (one, or several separated by commas): {', '.join(reward_names())}",
+            )
+        try:
+            check_weights(names, self.reward_weights)
+        except ValueError as err:
+            bad("reward_weights", str(err))
         if not math.isfinite(self.failure_reward):
             bad("failure_reward", "must be a finite number")
         if self.group_size < 2:
@@ -357,6 +436,22 @@ class RunConfig:
             bad("inner_epochs", "must be ≥ 1")
         if self.micro_batch_size is not None and self.micro_batch_size < 0:
             bad("micro_batch_size", "must be ≥ 0 (0 or None: the whole mini-batch in one pass)")
+        if self.max_tokens_per_micro_batch is not None:
+            if self.max_tokens_per_micro_batch < 1:
+                bad("max_tokens_per_micro_batch", "must be ≥ 1 (or None: off)")
+            if self.micro_batch_size:
+                bad("max_tokens_per_micro_batch", "set it or `micro_batch_size`, not both")
+        if self.logprob_chunk_tokens < 1:
+            bad("logprob_chunk_tokens", "must be ≥ 1")
+        if self.flip_every is not None and self.flip_every < 0:
+            bad("flip_every", "must be ≥ 0 (0: never; None: every `eval_every` steps)")
+        from .backends import BACKENDS
+
+        choice("rollout_backend", list(BACKENDS))
+        if self.generation_batch_size is not None and self.generation_batch_size < 1:
+            bad("generation_batch_size", "must be ≥ 1 (or None: all rows at once)")
+        if self.save_total_limit is not None and self.save_total_limit < 1:
+            bad("save_total_limit", "must be ≥ 1 (or None: keep every checkpoint)")
         if self.reward_balanced_rho is not None and not 0 < self.reward_balanced_rho <= 0.5:
             bad("reward_balanced_rho", "must be in (0, 0.5]")
         if not self.lr > 0:
@@ -390,6 +485,13 @@ class RunConfig:
 # presets
 
 _QWEN = {"dtype": "bfloat16", "gradient_checkpointing": True, "lora_rank": 16, "lora_alpha": 32.0}
+_NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}, "max_new_tokens": 512}
+#: Context lengths (``max_position_embeddings`` of the hub configs) of the presets' models: a preset's
+#: ``max_prompt_length`` + ``max_new_tokens`` must fit (tests/scaledrun/test_config.py).
+CONTEXT_LENGTHS = {
+    "Qwen/Qwen2.5-Math-1.5B": 4096, "Qwen/Qwen2.5-Math-7B": 4096, "Qwen/Qwen3-8B": 40960,
+    "Qwen/Qwen3-32B": 40960,
+}  # fmt: skip
 
 #: Named starting points: ``--preset`` on the command line applies one over the YAML file and under the
 #: other options; ``preset:`` in a YAML file applies it under that file (``load_config``). Hub names are
@@ -404,16 +506,47 @@ PRESETS: dict[str, dict[str, Any]] = {
         "model": "Qwen/Qwen3-32B", "dtype": "bfloat16", "full_finetune": True, "gradient_checkpointing": True,
         "objective": "dfpo", "group_size": 32, "prompts_per_step": 8, "num_minibatches": 8, "lr": 8e-7,
         "min_lr_ratio": 0.2, "warmup_ratio": 0.03, "beta": 0.0, "temperature": 0.6, "top_p": 0.95,
-        "reward": "math_verify", "max_new_tokens": 4096,
+        "reward": "math_verify", "max_new_tokens": 4096, "max_prompt_length": 2048,
+        "max_tokens_per_micro_batch": 16384, "generation_batch_size": 64, "logprob_chunk_tokens": 256,
     },
-    "qwen2.5-0.5b-instruct": {"model": "Qwen/Qwen2.5-0.5B-Instruct", **_QWEN, "lr": 1e-5},
-    "qwen2.5-1.5b-instruct": {"model": "Qwen/Qwen2.5-1.5B-Instruct", **_QWEN, "lr": 5e-6},
-    "qwen2.5-7b-instruct": {"model": "Qwen/Qwen2.5-7B-Instruct", **_QWEN, "lr": 2e-6},
-    "qwen2.5-math-1.5b": {"model": "Qwen/Qwen2.5-Math-1.5B", **_QWEN, "lr": 5e-6, "reward": "math_verify"},
-    "qwen3-0.6b": {"model": "Qwen/Qwen3-0.6B", **_QWEN, "lr": 1e-5},
-    "qwen3-1.7b": {"model": "Qwen/Qwen3-1.7B", **_QWEN, "lr": 5e-6},
-    "qwen3-4b": {"model": "Qwen/Qwen3-4B", **_QWEN, "lr": 2e-6},
-    "qwen3-8b": {"model": "Qwen/Qwen3-8B", **_QWEN, "lr": 2e-6},
+    # instruct / base models on the short synthetic tasks: answers of a few dozen tokens
+    "qwen2.5-0.5b-instruct": {"model": "Qwen/Qwen2.5-0.5B-Instruct", **_QWEN, "lr": 1e-5, "max_new_tokens": 256},
+    "qwen2.5-1.5b-instruct": {"model": "Qwen/Qwen2.5-1.5B-Instruct", **_QWEN, "lr": 5e-6, "max_new_tokens": 256},
+    "qwen2.5-7b-instruct": {"model": "Qwen/Qwen2.5-7B-Instruct", **_QWEN, "lr": 2e-6, "max_new_tokens": 256},
+    "qwen2.5-math-1.5b": {
+        "model": "Qwen/Qwen2.5-Math-1.5B", **_QWEN, "lr": 5e-6, "reward": "math_verify", "max_new_tokens": 3072,
+        "max_prompt_length": 1024,
+    },
+    # Qwen3 thinks by default: a short task with thinking off (every completion would otherwise be cut
+    # inside its <think> block and masked: the run would train on nothing)
+    "qwen3-0.6b": {"model": "Qwen/Qwen3-0.6B", **_QWEN, "lr": 1e-5, **_NO_THINK},
+    "qwen3-1.7b": {"model": "Qwen/Qwen3-1.7B", **_QWEN, "lr": 5e-6, **_NO_THINK},
+    "qwen3-4b": {"model": "Qwen/Qwen3-4B", **_QWEN, "lr": 2e-6, **_NO_THINK},
+    # 8 × 80 GB, LoRA r 16 under DDP (scaledrun/accelerate/ddp.yaml), math with \boxed{} answers. Per GPU:
+    # bf16 weights 15.2 GB; KV cache 57 KB/token (28 layers × 4 KV heads × 128 × 2 × 2 B) × 4,096 tokens ×
+    # 64 rows per generate call = 15 GB; update passes of ≤ 16,384 token slots with gradient checkpointing
+    # (28 saved layer inputs of 16,384 × 3,584 × 2 B = 3.3 GB, one layer recomputed ≈ 3 GB) and LM-head
+    # chunks of 256 × 152,064 × 4 B = 156 MB: ~40 GB in all. 4k context: prompt ≤ 1,024 + completion 3,072.
+    # accelerate launch --config_file scaledrun/accelerate/ddp.yaml --num_processes 8 -m scaledrun.train \
+    #     --preset qwen2.5-math-7b --task <your .jsonl/.parquet/hub dataset> --output_dir runs/qwen2.5-math-7b
+    "qwen2.5-math-7b": {
+        "model": "Qwen/Qwen2.5-Math-7B", **_QWEN, "lr": 1e-6, "reward": "math_verify", "group_size": 8,
+        "prompts_per_step": 8, "max_new_tokens": 3072, "max_prompt_length": 1024, "temperature": 1.0,
+        "max_tokens_per_micro_batch": 16384, "generation_batch_size": 64, "logprob_chunk_tokens": 256,
+        "eval_every": 50, "save_every": 50, "save_total_limit": 3,
+    },
+    # 8 × 80 GB, LoRA r 16 under DDP, thinking on (Qwen3's default), 40k context. Per GPU: bf16 weights
+    # 16.4 GB; KV cache 144 KB/token (36 layers × 8 KV heads × 128 × 2 × 2 B) × 9,216 tokens × 32 rows =
+    # 42 GB; update passes ≤ 16,384 token slots (36 × 16,384 × 4,096 × 2 B = 4.8 GB of checkpoints + one
+    # layer recomputed): ~65 GB at the generation peak. Prompt ≤ 1,024 + completion 8,192 tokens.
+    # accelerate launch --config_file scaledrun/accelerate/ddp.yaml --num_processes 8 -m scaledrun.train \
+    #     --preset qwen3-8b --task <your dataset> --output_dir runs/qwen3-8b
+    "qwen3-8b": {
+        "model": "Qwen/Qwen3-8B", **_QWEN, "lr": 1e-6, "reward": "math_verify", "group_size": 8,
+        "prompts_per_step": 4, "max_new_tokens": 8192, "max_prompt_length": 1024, "temperature": 0.6,
+        "top_p": 0.95, "max_tokens_per_micro_batch": 16384, "generation_batch_size": 32,
+        "logprob_chunk_tokens": 256, "eval_every": 50, "save_every": 50, "save_total_limit": 3,
+    },
 }  # fmt: skip
 
 
@@ -440,10 +573,27 @@ def _coerce(name: str, value: Any) -> Any:
         if optional:
             return None
         raise ValueError(f"config field `{name}`: null is not allowed (expected {tp.__name__})")
+    if get_origin(tp) is dict:
+        if isinstance(value, str):  # a JSON object, as the command line gives it
+            value = _json_object(value, name)
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise ValueError(f"config field `{name}`={value!r}: expected a mapping of names to values")
+        return dict(value)
     if get_origin(tp) is list:
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        if optional and value == [None]:  # `--field none` on the command line
+            return None
+        elem = get_args(tp)[0]
+        if not isinstance(value, list):
+            raise ValueError(f"config field `{name}`={value!r}: expected a list of {_type_name(elem)}s")
+        if elem is float:
+            return [_coerce_float(name, v) for v in value]
+        if not all(isinstance(v, str) for v in value):
             raise ValueError(f"config field `{name}`={value!r}: expected a list of strings")
         return list(value)
+    if name in COMMA_JOINED and isinstance(value, list | tuple):
+        if not value or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"config field `{name}`={value!r}: expected a name or a list of names")
+        return ",".join(value)
     if tp is bool:
         if not isinstance(value, bool):
             raise ValueError(f"config field `{name}`={value!r}: expected true or false")
@@ -453,14 +603,35 @@ def _coerce(name: str, value: Any) -> Any:
             raise ValueError(f"config field `{name}`={value!r}: expected an integer")
         return value
     if tp is float:
-        if isinstance(value, bool):
-            raise ValueError(f"config field `{name}`={value!r}: expected a number")
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"config field `{name}`={value!r}: expected a number") from None
+        return _coerce_float(name, value)
     if not isinstance(value, str):
         raise ValueError(f"config field `{name}`={value!r}: expected a string")
+    return value
+
+
+def _coerce_float(name: str, value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError(f"config field `{name}`={value!r}: expected a number")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"config field `{name}`={value!r}: expected a number") from None
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _json_object(text: str, name: str = "value") -> dict[str, Any]:
+    """A JSON object given as text (``'{"enable_thinking": false}'``); anything else raises ``ValueError``."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(
+            f"config field `{name}`={text!r}: expected a JSON object, e.g. '{{\"enable_thinking\": false}}' ({err})"
+        ) from None
+    if not isinstance(value, dict):
+        raise ValueError(f"config field `{name}`={text!r}: expected a JSON object (a mapping), got {value!r}")
     return value
 
 
@@ -496,13 +667,24 @@ def make_parser() -> argparse.ArgumentParser:
     parser = HfArgumentParser(RunConfig)
     parser.error = _error  # type: ignore[method-assign]  # raise ValueError instead of sys.exit
     docs = field_docs()
-    optional = {n for n, tp in _field_types().items() if _base_type(tp)[1]}
+    hints = _field_types()
+    optional = {n for n, tp in hints.items() if _base_type(tp)[1]}
     for action in parser._actions:
         if action.dest in docs:
             action.help = docs[action.dest].replace("%", "%%")
-        if action.dest in optional and action.type is not None and action.nargs is None:
-            action.type = _none_or(action.type)
+        if action.dest in hints and get_origin(_base_type(hints[action.dest])[0]) is dict:
+            action.type = _none_or(_cli_json_object)  # a mapping field: a JSON object on the command line
+            action.metavar = "JSON"
+        elif action.dest in optional and action.type is not None and action.nargs in (None, "+"):
+            action.type = _none_or(action.type)  # an optional list: `--field none` gives [None], read as None
     return parser
+
+
+def _cli_json_object(text: str) -> dict[str, Any]:
+    try:
+        return _json_object(text)
+    except ValueError as err:  # argparse reports ArgumentTypeError's message as it is
+        raise argparse.ArgumentTypeError(str(err).replace("config field `value`=", "")) from None
 
 
 def _none_or(tp: Any) -> Any:

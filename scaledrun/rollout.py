@@ -35,6 +35,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .backends import HFBackend, RolloutBackend, Sampling, stop_token_ids
+from .scoring import completion_scores
+
+#: Positions per LM-head chunk when a caller does not say (the config's ``logprob_chunk_tokens`` default).
+DEFAULT_CHUNK_TOKENS = 128
+
 
 @dataclass
 class RolloutBatch:
@@ -177,8 +183,15 @@ def completion_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     with_hidden: bool = False,
+    completion_mask: Tensor | None = None,
+    chunk_tokens: int | None = None,
 ) -> dict[str, Tensor]:
     """Log-probs of the last ``completion_len`` tokens of ``input_ids`` under ``model`` at ``temperature``.
+
+    Every pass of the trainer goes through here: the bounded chunked scorer
+    (``scoring.completion_scores``: the LM head on the scored positions only, ``chunk_tokens`` at a time,
+    recomputed in the backward pass). Only the energy diagnostic's ``with_hidden`` takes the full
+    (B, T, V) path (the trainer calls it when that tensor is small: ``train.ENERGY_MAX_ELEMENTS``).
 
     Args:
         model: a causal LM (PEFT-wrapped or not, DDP-wrapped or not).
@@ -189,15 +202,23 @@ def completion_logprobs(
         with_entropy: also return ``entropy`` (B, T), the policy's entropy at each completion position.
         with_hidden: also return ``probs`` (B, T, V) and ``hidden_norm`` (B, T), ‖h‖ of the final hidden
             state (the energy-by-bucket proxy needs both; costly for a large vocabulary).
+        completion_mask: (B, T) the positions to score (None: all); the others get log-prob 0.
+        chunk_tokens: positions per chunk of the LM head (None: ``DEFAULT_CHUNK_TOKENS``).
     Returns:
         a dict with ``logp`` (B, T) float32 (carries the gradient when grad is enabled) and the extras.
     """
+    if not with_hidden:
+        return completion_scores(
+            model, input_ids, attention_mask, completion_len, temperature=temperature,
+            completion_mask=completion_mask, with_entropy=with_entropy,
+            chunk_tokens=chunk_tokens or DEFAULT_CHUNK_TOKENS,
+        )  # fmt: skip
     out = model(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=position_ids_from_mask(attention_mask),
         use_cache=False,
-        output_hidden_states=with_hidden,
+        output_hidden_states=True,
     )
     # the logit at position k predicts token k + 1: the completion tokens are predicted from P − 1 .. L − 2
     logits = out.logits[:, -completion_len - 1 : -1, :].float()
@@ -206,15 +227,15 @@ def completion_logprobs(
     targets = input_ids[:, -completion_len:]
     logsm = torch.log_softmax(logits, dim=-1)
     res = {"logp": logsm.gather(-1, targets.unsqueeze(-1)).squeeze(-1)}
-    if with_entropy or with_hidden:
-        with torch.no_grad():
-            probs = logsm.detach().exp()
-            if with_entropy:
-                res["entropy"] = -(probs * logsm.detach()).sum(-1)
-            if with_hidden:
-                res["probs"] = probs
-                h = out.hidden_states[-1][:, -completion_len - 1 : -1, :].float()
-                res["hidden_norm"] = h.norm(dim=-1)
+    if completion_mask is not None:
+        res["logp"] = res["logp"] * completion_mask
+    with torch.no_grad():
+        probs = logsm.detach().exp()
+        if with_entropy:
+            res["entropy"] = -(probs * logsm.detach()).sum(-1)
+        res["probs"] = probs
+        h = out.hidden_states[-1][:, -completion_len - 1 : -1, :].float()
+        res["hidden_norm"] = h.norm(dim=-1)
     return res
 
 
@@ -231,14 +252,8 @@ def first_eos_mask(completion_ids: Tensor, eos_ids: list[int]) -> tuple[Tensor, 
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
-    eos = getattr(model.generation_config, "eos_token_id", None)
-    if eos is None:
-        eos = tokenizer.eos_token_id
-    if eos is None:
-        raise ValueError(
-            "the tokenizer and the generation config define no eos_token_id: generation cannot stop"
-        )
-    return list(eos) if isinstance(eos, (list, tuple)) else [int(eos)]
+    """The ids that end a completion (``backends.stop_token_ids``: tokenizer, generation config, chat template)."""
+    return stop_token_ids(model, tokenizer)
 
 
 @torch.no_grad()
@@ -256,47 +271,48 @@ def generate_rollouts(
     do_sample: bool = True,
     ref_model_ctx: Any = None,
     chunk_size: int | None = None,
+    chunk_tokens: int | None = None,
+    backend: RolloutBackend | None = None,
 ) -> tuple[RolloutBatch, dict[str, float]]:
     """G = ``num_generations`` completions for each (already chat-formatted) prompt.
 
     ``model`` is the unwrapped policy (``accelerator.unwrap_model``). Sampling uses the global torch
     RNG: the trainer seeds it from (seed, step, process) just before, which makes a resumed run sample
-    exactly what an uninterrupted one does. ``ref_model_ctx``: a zero-argument callable returning a
-    context manager under which ``model`` is the reference policy (``model.disable_adapter``); when
-    given, ``ref_logp`` is filled. Old and reference log-probs and the entropy are those of logits /
-    ``temperature`` (the sampling policy; top-p ignored, as TRL and verl do). The completion mask runs
-    through the first EOS for every row, truncated or not (``truncated`` marks them). Returns the batch
-    and its diagnostics (``entropy``: the mean token entropy of the sampling policy on the sampled
-    tokens; ``completion_length``; ``truncated_frac``).
+    exactly what an uninterrupted one does. ``backend`` samples (default: ``HFBackend(model)``, all rows
+    in one call), with exactly the run's settings (``backends.generation_config``: nothing from the
+    model's ``generation_config.json``) and the stop tokens of ``backends.stop_token_ids``.
+    ``ref_model_ctx``: a zero-argument callable returning a context manager under which ``model`` is the
+    reference policy (``model.disable_adapter``); when given, ``ref_logp`` is filled. Old and reference
+    log-probs and the entropy are those of logits / ``temperature`` (the sampling policy; top-p ignored,
+    as TRL and verl do), scored by the trainer whatever the backend. The completion mask runs through the
+    first stop token for every row, truncated or not (``truncated`` marks them). Returns the batch and
+    its diagnostics (``entropy``: the mean token entropy of the sampling policy on the sampled tokens;
+    ``completion_length``; ``truncated_frac``).
     """
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     if tokenizer.padding_side != "left":
         raise ValueError(
             "the tokenizer must pad on the left for generation (tokenizer.padding_side = 'left')"
         )
-    ids = enc["input_ids"].repeat_interleave(num_generations, 0).to(device)
-    am = enc["attention_mask"].repeat_interleave(num_generations, 0).to(device)
-    eos_ids = _eos_ids(model, tokenizer)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
-    gen_kwargs: dict[str, Any] = {
-        "max_new_tokens": max_new_tokens,
-        "do_sample": do_sample,
-        "eos_token_id": eos_ids,
-        "pad_token_id": pad_id,
-        "use_cache": True,
-    }
-    if do_sample:
-        gen_kwargs.update(temperature=temperature, top_p=top_p, top_k=0)
-    seqs = model.generate(input_ids=ids, attention_mask=am, **gen_kwargs)
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    stop = stop_token_ids(model, tokenizer)
+    sampling = Sampling(
+        max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_p=top_p,
+        stop_ids=tuple(stop), pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop[0],
+    )  # fmt: skip
+    backend = backend or HFBackend(model)
+    ids, am = enc["input_ids"].to(device), enc["attention_mask"].to(device)
+    completions = backend.generate(ids, am, num_generations=num_generations, sampling=sampling)
     batch, stats = score_completions(
-        model, tokenizer, ids, am, seqs[:, ids.shape[1] :],
+        model, tokenizer, ids.repeat_interleave(num_generations, 0), am.repeat_interleave(num_generations, 0),
+        completions,
         prompts=[x for x in prompts for _ in range(num_generations)],
         answers=[a for a in answers for _ in range(num_generations)],
         group_ids=[g for g in group_ids for _ in range(num_generations)],
         temperature=temperature if do_sample else 1.0, ref_model_ctx=ref_model_ctx, chunk_size=chunk_size,
+        chunk_tokens=chunk_tokens,
     )  # fmt: skip
     if was_training:
         model.train()
@@ -317,6 +333,7 @@ def score_completions(
     temperature: float,
     ref_model_ctx: Any = None,
     chunk_size: int | None = None,
+    chunk_tokens: int | None = None,
 ) -> tuple[RolloutBatch, dict[str, float]]:
     """The ``RolloutBatch`` of given completions: what ``generate_rollouts`` returns after sampling.
 
@@ -325,6 +342,7 @@ def score_completions(
         completion_ids: (B, T) the completion tokens; a row ends at its first EOS (whatever follows is
             replaced by padding), a row without EOS is truncated.
         prompts, answers, group_ids: one per row.
+        chunk_tokens: LM-head positions per chunk of the scorer (``completion_logprobs``).
         temperature: the sampling policy's T (1.0 for greedy); ``ref_model_ctx``, ``chunk_size``: as in
             ``generate_rollouts``.
 
@@ -361,14 +379,16 @@ def score_completions(
             t,
             temperature=temperature,
             with_entropy=True,
+            chunk_tokens=chunk_tokens,
         )
         logps.append(r["logp"])
         ents.append(r["entropy"])
         if ref_model_ctx is not None:
             with ref_model_ctx():
                 ref = completion_logprobs(
-                    model, input_ids[s : s + step], attention_mask[s : s + step], t, temperature=temperature
-                )
+                    model, input_ids[s : s + step], attention_mask[s : s + step], t, temperature=temperature,
+                    chunk_tokens=chunk_tokens,
+                )  # fmt: skip
                 refs.append(ref["logp"])
     if was_training:
         model.train()
@@ -411,24 +431,28 @@ def generate_texts(
     do_sample: bool,
     temperature: float = 1.0,
     top_p: float = 1.0,
+    backend: RolloutBackend | None = None,
 ) -> list[str]:
-    """``n`` completions (texts, through the first EOS) of each prompt, prompt-major; for evaluation."""
+    """``n`` completions (texts, through the first stop token) of each prompt, prompt-major; for evaluation.
+
+    Sampled with exactly these settings (greedy when ``do_sample`` is false) by ``backend`` (default:
+    ``HFBackend(model)``), as ``generate_rollouts``.
+    """
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-    ids = enc["input_ids"].repeat_interleave(n, 0).to(device)
-    am = enc["attention_mask"].repeat_interleave(n, 0).to(device)
-    eos_ids = _eos_ids(model, tokenizer)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
-    kw: dict[str, Any] = {"max_new_tokens": max_new_tokens, "do_sample": do_sample, "eos_token_id": eos_ids}
-    kw.update(pad_token_id=pad_id, use_cache=True)
-    if do_sample:
-        kw.update(temperature=temperature, top_p=top_p, top_k=0)
-    else:
-        kw.update(temperature=None, top_p=None, top_k=None)
-    comp = model.generate(input_ids=ids, attention_mask=am, **kw)[:, ids.shape[1] :]
-    mask, _ = first_eos_mask(comp, eos_ids)
+    stop = stop_token_ids(model, tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop[0]
+    sampling = Sampling(
+        max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_p=top_p,
+        stop_ids=tuple(stop), pad_id=pad_id,
+    )  # fmt: skip
+    backend = backend or HFBackend(model)
+    comp = backend.generate(
+        enc["input_ids"].to(device), enc["attention_mask"].to(device), num_generations=n, sampling=sampling
+    )
+    mask, _ = first_eos_mask(comp, stop)
     if was_training:
         model.train()
     return tokenizer.batch_decode(comp.masked_fill(~mask.bool(), pad_id), skip_special_tokens=True)

@@ -37,7 +37,20 @@ LOCK_FILE = ".lock"
 RUN_FILES = ("config.yaml", "metrics.jsonl", "tb", "checkpoints")
 #: Config fields a resumed run may change: they do not change the math of the steps already taken.
 RESUME_MAY_DIFFER = frozenset(
-    {"steps", "eval_every", "save_every", "num_eval", "eval_k", "output_dir", "resume", "overwrite", "preset"}
+    {
+        "steps",
+        "eval_every",
+        "save_every",
+        "num_eval",
+        "eval_k",
+        "output_dir",
+        "resume",
+        "overwrite",
+        "preset",
+        "logprob_chunk_tokens",
+        "flip_every",
+        "save_total_limit",
+    }
 )
 
 

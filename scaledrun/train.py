@@ -157,7 +157,8 @@ import random
 import sys
 import time
 import warnings
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -180,8 +181,10 @@ from cancellation.update import (
     minibatches,
 )
 
-from .checkpoint import checkpoint_config, latest_checkpoint, load_checkpoint, save_checkpoint
+from .backends import make_backend
+from .checkpoint import checkpoint_config, latest_checkpoint, load_checkpoint, safe_load, save_checkpoint
 from .config import RunConfig, load_config, save_config
+from .packing import RowLengths, balance_bins, pack_rows, trim_batch
 from .rewards import compute_rewards
 from .rollout import (
     RolloutBatch,
@@ -200,7 +203,16 @@ from .rundir import (
     watch_parent,
 )
 from .runlog import RunLogger
-from .tasks import Task, format_prompt, is_task_file, load_task, task_files
+from .tasks import (
+    TASKS,
+    Task,
+    drop_overlong,
+    format_prompt,
+    has_eval_source,
+    load_task,
+    reward_columns,
+    source_problems,
+)
 
 #: energy_by_bucket needs the (B, T, V) probabilities of the first mini-batch; skipped above this size.
 ENERGY_MAX_ELEMENTS = 2**26
@@ -224,6 +236,9 @@ STEP_KEYS = (
     *FLIP_KEYS,
     *ENERGY_KEYS,
     "grad_norm",
+    "score/rows",
+    "score/rows_per_completion",
+    "score/padding_frac",
     "lr",
     "opt_steps",
     "updated",
@@ -273,13 +288,42 @@ def lora_config(cfg: RunConfig):
     )
 
 
+def master_fp32(cfg: RunConfig) -> bool:
+    """Full fine-tuning in bfloat16 keeps float32 master weights and computes in bfloat16 (autocast).
+
+    AdamW on bfloat16 weights loses every update below bfloat16's resolution (8 bits of mantissa: a step
+    of lr 8e-7 on a weight of 0.02 is 4e-5 of it, far below 2^-8), so one step at the ``dfpo_paper`` lr
+    changed 0.5 % of the weights. With float32 parameters and the forward and backward passes under
+    bfloat16 autocast (``compute_precision``; verl too keeps fp32 master weights), every
+    weight moves as in float32 (tests/scaledrun/test_train.py). LoRA keeps the frozen base in bfloat16:
+    its trainable adapters are float32 already (PEFT's ``autocast_adapter_dtype``).
+    """
+    return cfg.full_finetune and cfg.dtype == "bfloat16"
+
+
+def compute_precision(cfg: RunConfig, device: torch.device) -> Any:
+    """The context every pass of a run runs in: bfloat16 autocast for ``master_fp32`` runs, else nothing.
+
+    (Autocast rather than Accelerate's ``mixed_precision``: Accelerate's state is one per process, and
+    tests run several configurations in one process.)
+    """
+    if not master_fp32(cfg):
+        return nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
 def load_model_and_tokenizer(cfg: RunConfig) -> tuple[Any, Any]:
-    """``from_pretrained`` (dtype from the config), left-padding tokenizer, LoRA unless full fine-tuning."""
+    """``from_pretrained`` (dtype from the config), left-padding tokenizer, LoRA unless full fine-tuning.
+
+    Full fine-tuning in bfloat16 loads float32 weights (``master_fp32``): the passes then run under
+    bfloat16 autocast (``compute_precision``).
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    dtype = torch.float32 if master_fp32(cfg) else getattr(torch, cfg.dtype)
     try:  # ``train`` has checked the source already (``check_model_source``)
         tokenizer = AutoTokenizer.from_pretrained(cfg.model, padding_side="left")
-        model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=getattr(torch, cfg.dtype))
+        model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=dtype)
     except OSError as err:
         raise FileNotFoundError(f"config field `model`={cfg.model!r} could not be loaded: {err}") from err
     if tokenizer.pad_token is None:
@@ -378,12 +422,12 @@ def check_model_source(name: str) -> None:
 
 
 def check_task_source(cfg: RunConfig) -> None:
-    """A task file (or each ``{split}`` file it names) must exist before the run folder is touched."""
-    if is_task_file(cfg.task):
-        for split, file in task_files(cfg.task).items():
-            if split == "train" or cfg.num_eval > 0:
-                if not file.is_file():
-                    raise FileNotFoundError(f"config field `task`: task file {file} does not exist")
+    """The task's local files and folders (and a saved DatasetDict's split names) must exist before the
+    run folder is touched (``tasks.source_problems``; a hub dataset is checked when it loads)."""
+    for name, why in source_problems(
+        cfg.task, cfg.train_split, cfg.eval_split, cfg.eval_fraction, cfg.dataset_config
+    ):
+        raise FileNotFoundError(f"config field `{name}`={getattr(cfg, name)!r}: {why}")
 
 
 def build_optimizer(cfg: RunConfig, model: Any) -> tuple[torch.optim.Optimizer, Any]:
@@ -402,11 +446,49 @@ def build_optimizer(cfg: RunConfig, model: Any) -> tuple[torch.optim.Optimizer, 
     return optimizer, scheduler
 
 
-def load_tasks(cfg: RunConfig, split: str, n: int) -> list[Task]:
-    common = {"seed": cfg.seed, "prompt_field": cfg.prompt_field, "answer_field": cfg.answer_field}
-    if is_task_file(cfg.task):
-        return load_task(cfg.task, split, None, **common)[:n]
-    return load_task(cfg.task, split, n, **common, digits=cfg.digits, ops=cfg.ops)
+def load_tasks(
+    cfg: RunConfig, split: str, n: int | None, tokenizer: Any = None, log: Callable[[str], None] = print
+) -> list[Task]:
+    """The ``split`` (``train``/``eval``) tasks of ``cfg``: ``n`` of them, a seeded sample (None: every row
+    of a dataset, 64 problems of a synthetic task), prompts over ``max_prompt_length`` tokens dropped.
+
+    A dataset without ``eval_split``/``eval_fraction`` has no eval tasks (``[]``, and ``log`` says so).
+    ``n`` above a dataset's train rows is an error; an eval split with fewer than ``n`` rows gives them
+    all. ``tokenizer`` is needed only with ``max_prompt_length``.
+    """
+    synthetic = cfg.task in TASKS
+    if split == "eval" and not has_eval_source(cfg.task, cfg.eval_split, cfg.eval_fraction):
+        log(f"no eval: {cfg.task} has no eval split (set `eval_split` or `eval_fraction` to evaluate)")
+        return []
+    tasks = load_task(
+        cfg.task, split, n if synthetic else None, cfg.seed, cfg.prompt_field, cfg.answer_field,
+        digits=cfg.digits, ops=cfg.ops, train_split=cfg.train_split, eval_split=cfg.eval_split,
+        eval_fraction=cfg.eval_fraction, dataset_config=cfg.dataset_config,
+    )  # fmt: skip
+    rows = len(tasks)
+    if cfg.max_prompt_length is not None:
+        if tokenizer is None:
+            raise ValueError("load_tasks: `max_prompt_length` is set, so the tokenizer is needed")
+        tasks, dropped = drop_overlong(
+            tasks, tokenizer, cfg.max_prompt_length, cfg.system_prompt, cfg.chat_template_kwargs
+        )
+        if dropped:
+            limit = cfg.max_prompt_length
+            log(f"{split}: dropped {dropped} of {rows} prompts over {limit} tokens (max_prompt_length)")
+        if not tasks:
+            raise ValueError(
+                f"config field `max_prompt_length`={cfg.max_prompt_length}: every {split} prompt is longer"
+            )
+    if synthetic:
+        return tasks
+    knob = "num_train" if split == "train" else "num_eval"
+    if n is not None and n > len(tasks):
+        if split == "train":
+            raise ValueError(f"config field `num_train`={n}: the train split has only {len(tasks)} prompts")
+        log(f"eval: the eval split has {len(tasks)} prompts, fewer than num_eval={n}: using them all")
+    tasks = tasks[:n] if n is not None else tasks
+    log(f"{split}: {len(tasks)} prompts from {cfg.task} ({knob}={n})")
+    return tasks
 
 
 def step_prompts(
@@ -519,31 +601,85 @@ def micro_batches(rows: int, size: int | None) -> list[Tensor]:
     return list(torch.arange(rows).split(size or rows))
 
 
-def policy_logprobs(
-    model: Any, batch: RolloutBatch, cfg: RunConfig, *, with_hidden: bool = False
-) -> dict[str, Tensor]:
-    """log π of ``batch``'s completion tokens at the sampling temperature (``completion_logprobs``)."""
+#: A micro-batch: row indices into the mini-batch, or None for an empty pass (a process with fewer rows
+#: than the others runs it so that every process runs the same number of forward passes).
+Micro = Tensor | None
+
+
+def plan_micro_batches(accelerator: Any, cfg: RunConfig, sub: RolloutBatch) -> list[Micro]:
+    """This process's micro-batches of mini-batch ``sub`` (all processes call it together).
+
+    ``max_tokens_per_micro_batch``: packed by padded tokens, whole groups first (``scaledrun.packing``);
+    ``micro_batch_size``: consecutive runs of that many rows; neither: one pass. Every process gets the
+    same number of micro-batches (FSDP and ZeRO-3 gather parameters in every forward pass, a collective).
+    """
+    if cfg.max_tokens_per_micro_batch:
+        lengths = RowLengths.of(sub)
+        micro: list[Tensor] = pack_rows(lengths, sub.group, cfg.max_tokens_per_micro_batch)
+    else:
+        lengths = None
+        micro = micro_batches(len(sub), cfg.micro_batch_size)
+    count = len(micro)
+    if accelerator.num_processes > 1:
+        count = int(_max_list(accelerator, [float(count)])[0])
+    if count == len(micro):
+        return list(micro)
+    return balance_bins(micro, count, lengths if lengths is not None else RowLengths.of(sub))
+
+
+def policy_logprobs(model: Any, batch: RolloutBatch, cfg: RunConfig) -> dict[str, Tensor]:
+    """log π (B, T) of ``batch``'s completion tokens at the sampling temperature; 0 where the loss mask is 0.
+
+    One bounded pass (``scaledrun.scoring``): the LM head runs on the unmasked completion positions only,
+    ``logprob_chunk_tokens`` at a time, and is recomputed in the backward pass.
+    """
     t = batch.completion_mask.shape[1]
     return completion_logprobs(
-        model, batch.input_ids, batch.attention_mask, t, temperature=cfg.temperature, with_hidden=with_hidden
-    )
+        model, batch.input_ids, batch.attention_mask, t, temperature=cfg.temperature,
+        completion_mask=batch.completion_mask, chunk_tokens=cfg.logprob_chunk_tokens,
+    )  # fmt: skip
+
+
+def micro_logprobs(model: Any, sub: RolloutBatch, cfg: RunConfig, rows: Micro) -> tuple[Tensor, Tensor]:
+    """(log-probs (b_k, T_k) of micro-batch ``rows`` of ``sub``, trimmed to its own widest row; the rows).
+
+    An empty pass (``rows`` None) scores ``sub``'s first row with its loss mask zeroed: the forward pass
+    runs (every process joins the parameter gathers) and contributes nothing.
+    """
+    if rows is None:
+        part = sub.select(torch.tensor([0]))
+        part.completion_mask = torch.zeros_like(part.completion_mask)
+        rows = torch.zeros(0, dtype=torch.long)
+    else:
+        part = sub.select(rows)
+    part = trim_batch(part)
+    return policy_logprobs(model, part, cfg)["logp"], rows
 
 
 def minibatch_logprobs(
-    model: Any, sub: RolloutBatch, cfg: RunConfig, micro: list[Tensor], *, with_hidden: bool = False
+    model: Any, sub: RolloutBatch, cfg: RunConfig, micro: list[Micro], *, reuse_old: bool = False
 ) -> dict[str, Tensor]:
-    """The current log-probs ``logp`` (b, T) of the whole mini-batch ``sub``.
+    """The current log-probs ``logp`` (b, T) of the whole mini-batch ``sub``, for its coefficients.
 
-    One micro-batch: one forward pass with the graph (``backpropagate`` differentiates it). Several:
-    no-grad passes over the micro-batches (the same row chunks the backward passes will run, so the
-    coefficients see exactly the log-probs that are then differentiated). ``with_hidden`` adds the
-    energy diagnostic's ``probs`` and ``hidden_norm``.
+    - ``reuse_old`` (on-policy: the weights are those that scored ``old_logp``): ``sub.old_logp``
+      itself, no forward pass (TRL does the same when the update is on-policy);
+    - one micro-batch: one forward pass with the graph (``backpropagate`` differentiates it);
+    - several: no-grad passes over the micro-batches (the same rows and trims the backward passes
+      run, so the coefficients see exactly the log-probs that are then differentiated).
     """
-    if len(micro) == 1:
-        return policy_logprobs(model, sub, cfg, with_hidden=with_hidden)
+    if reuse_old:
+        return {"logp": sub.old_logp.detach(), "scored_rows": torch.tensor(0.0)}
+    if len(micro) == 1 and micro[0] is not None and len(micro[0]) == len(sub):
+        part = trim_batch(sub)
+        logp = policy_logprobs(model, part, cfg)["logp"]  # (b, T_k): padded back to T, graph kept
+        logp = torch.nn.functional.pad(logp, (0, sub.completion_mask.shape[1] - logp.shape[1]))
+        return {"logp": logp, "scored_rows": torch.tensor(float(len(sub)))}
+    logp = torch.zeros_like(sub.old_logp)
     with torch.no_grad():
-        parts = [policy_logprobs(model, sub.select(rows), cfg, with_hidden=with_hidden) for rows in micro]
-    return {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
+        for rows in micro:
+            part, idx = micro_logprobs(model, sub, cfg, rows)
+            logp[idx, : part.shape[1]] = part.to(logp.dtype)
+    return {"logp": logp, "scored_rows": torch.tensor(float(sum(len(r) for r in micro if r is not None)))}
 
 
 def minibatch_coefficients(
@@ -573,30 +709,55 @@ def surrogate(logp: Tensor, coef: Tensor, mask: Tensor, world: int) -> Tensor:
     return -(coef.detach() * logp).sum() * world
 
 
+@contextmanager
+def gradient_sync(accelerator: Any, model: Any, sync: bool) -> Iterator[None]:
+    """Inside: a backward pass that synchronises gradients across processes only when ``sync``.
+
+    DDP: ``accelerator.no_sync`` when not syncing. DeepSpeed: ``Accelerator.backward`` tells the engine
+    the accumulation boundary from ``accelerator.sync_gradients`` and runs ``engine.step()`` (its optimizer
+    step) whenever it is on, so it is off for every micro-batch but a mini-batch's last, as the HF Trainer
+    does; restored to on afterwards.
+    """
+    state = accelerator.gradient_state
+    saved = state.sync_gradients
+    state._set_sync_gradients(sync)
+    try:
+        with nullcontext() if sync else accelerator.no_sync(model):
+            yield
+    finally:
+        state._set_sync_gradients(saved)
+
+
 def backpropagate(
     accelerator: Any,
     model: Any,
     cfg: RunConfig,
     sub: RolloutBatch,
     coef: Tensor,
-    micro: list[Tensor],
+    micro: list[Micro],
     logp: Tensor,
-) -> None:
+) -> int:
     """Accumulate ∇θ of the mini-batch's loss, −Σ c·∇θ logp (× W for DDP's mean), into ``.grad``.
 
-    One micro-batch: backward through ``logp``, the forward pass that gave the coefficients' log-probs.
-    Several: per micro-batch, a forward pass with the graph and the backward of its rows' coefficients;
-    DDP synchronises on the last backward only (``accelerator.no_sync`` before it).
+    ``logp`` with a graph (one micro-batch, not reused): backward through it. Otherwise per micro-batch
+    a forward pass with the graph and the backward of its rows' coefficients; gradients are synchronised
+    on the last backward only (``gradient_sync``). Returns the rows scored with the graph.
     """
     world = accelerator.num_processes
-    if len(micro) == 1:
-        accelerator.backward(surrogate(logp, coef, sub.completion_mask, world))
-        return
+    if logp.requires_grad:
+        with gradient_sync(accelerator, model, True):
+            accelerator.backward(surrogate(logp, coef, sub.completion_mask, world))
+        return 0  # its rows were scored (with the graph) by ``minibatch_logprobs``
+    scored = 0
     for k, rows in enumerate(micro):
-        part = sub.select(rows)
-        with nullcontext() if k == len(micro) - 1 else accelerator.no_sync(model):
-            logp_k = policy_logprobs(model, part, cfg)["logp"]
-            accelerator.backward(surrogate(logp_k, coef[rows], part.completion_mask, world))
+        with gradient_sync(accelerator, model, k == len(micro) - 1):
+            logp_k, idx = micro_logprobs(model, sub, cfg, rows)
+            t_k = logp_k.shape[1]
+            mask_k = sub.completion_mask[idx, :t_k] if len(idx) else torch.zeros_like(logp_k)
+            coef_k = coef[idx, :t_k] if len(idx) else torch.zeros_like(logp_k)
+            accelerator.backward(surrogate(logp_k, coef_k, mask_k, world))
+        scored += len(idx)
+    return scored
 
 
 # ------------------------------------------------------------------------------------------------
@@ -612,7 +773,9 @@ class UpdateResult:
         opt_steps: optimizer steps taken; grad_norm: the last one's norm before clipping.
         meter: this process's cancellation-meter sums (add them over processes, then ``.residuals()``).
         energy: ``ENERGY_KEYS`` → share, of the first mini-batch (NaN: not measured).
-        flip: ``FLIP_KEYS`` → fraction, of the last mini-batch.
+        flip: ``FLIP_KEYS`` → fraction, of the last mini-batch (NaN: not measured).
+        rows_scored: rows run through the model by the update and its diagnostics (every pass counted).
+        slots, tokens: token slots (padding included) and real tokens of the gradient passes.
     """
 
     metrics: dict[str, float] = field(default_factory=dict)
@@ -621,16 +784,30 @@ class UpdateResult:
     meter: MeterTotals = field(default_factory=MeterTotals)
     energy: dict[str, float] = field(default_factory=lambda: dict.fromkeys(ENERGY_KEYS, math.nan))
     flip: dict[str, float] = field(default_factory=lambda: dict.fromkeys(FLIP_KEYS, math.nan))
+    rows_scored: float = 0.0
+    slots: float = 0.0
+    tokens: float = 0.0
+
+
+def pass_tokens(sub: RolloutBatch, micro: list[Micro]) -> tuple[float, float]:
+    """(token slots, real tokens) of the forward passes over ``micro`` (each trimmed to its own rows)."""
+    lengths = RowLengths.of(sub)
+    slots = sum(lengths.padded_tokens(rows) for rows in micro if rows is not None)
+    slots += sum(lengths.padded_tokens([0]) for rows in micro if rows is None)
+    real = float((lengths.prompt + lengths.completion).sum())
+    return float(slots), real
 
 
 class UpdateDiagnostics:
     """What the trainer measures about an update, beside it: ``update`` calls these hooks, in order.
 
     - the cancellation meter (``cancellation.update.CancellationMeter``) built on the step batch, fed
-      each optimizer step's coefficients;
-    - energy by token-frequency bucket (DFPO eq. 24) of the **first** mini-batch;
-    - token flips (cancellation-hypothesis paper App. C) of the **last** mini-batch: its log-probs before
-      its optimizer step and after the step's last one (a no-grad pass in ``finish``);
+      each optimizer step's coefficients (every step);
+    - with ``measure`` (every ``flip_every`` steps): energy by token-frequency bucket (DFPO eq. 24) of the
+      **first** mini-batch (a no-grad pass before its optimizer step, when its (b, T, V) probabilities
+      stay under ``ENERGY_MAX_ELEMENTS``), and token flips (cancellation-hypothesis paper App. C) of
+      the **last** mini-batch: its log-probs before its optimizer step and after the step's last one (a
+      no-grad pass in ``finish``);
     - ``first_grads`` (debug): the first optimizer step's gradients, after the cross-process reduction,
       before clipping.
     """
@@ -642,9 +819,10 @@ class UpdateDiagnostics:
         model: Any,
         batch: RolloutBatch,
         first_grads: dict[str, Tensor] | None,
+        measure: bool = True,
     ) -> None:
         self.cfg, self.accelerator, self.model, self.batch = cfg, accelerator, model, batch
-        self.first_grads = first_grads
+        self.first_grads, self.measure = first_grads, measure
         self.unwrapped = accelerator.unwrap_model(model)
         mask = batch.completion_mask
         keys = prefix_event_keys(batch.completion_ids, mask, batch.group)
@@ -654,10 +832,33 @@ class UpdateDiagnostics:
             None  # (rows, log-probs before) of the last mini-batch
         )
 
-    def wants_hidden(self, sub: RolloutBatch) -> bool:
-        """Whether this mini-batch's forward pass should also return the energy inputs (the first one only)."""
+    def _no_grad_pass(self, sub: RolloutBatch, **kw: Any) -> dict[str, Tensor]:
+        """A pass over ``sub`` in eval mode, outside the update's graph (full parameters gathered)."""
+        t = sub.completion_mask.shape[1]
+        with torch.no_grad(), full_params(self.accelerator, self.model):
+            was = self.unwrapped.training
+            self.unwrapped.eval()
+            out = completion_logprobs(
+                self.unwrapped, sub.input_ids, sub.attention_mask, t, temperature=self.cfg.temperature,
+                completion_mask=sub.completion_mask, chunk_tokens=self.cfg.logprob_chunk_tokens, **kw,
+            )  # fmt: skip
+            self.unwrapped.train(was)
+        self.result.rows_scored += len(sub)
+        return out
+
+    def before_step(self, sub: RolloutBatch, co: Coefficients) -> None:
+        """Energy by bucket of the first mini-batch, at the weights its coefficients were computed at."""
         size = len(sub) * sub.completion_mask.shape[1] * _vocab(self.unwrapped)
-        return self.result.opt_steps == 0 and size <= ENERGY_MAX_ELEMENTS
+        if not self.measure or self.result.opt_steps > 0 or size > ENERGY_MAX_ELEMENTS:
+            return
+        if float(sub.completion_mask.sum()) == 0:
+            return
+        fwd = self._no_grad_pass(sub, with_hidden=True)
+        shares = energy_by_bucket(
+            co.coef.double(), fwd["probs"], sub.completion_ids, sub.completion_mask,
+            hidden_norm=fwd["hidden_norm"], num_buckets=NUM_ENERGY_BUCKETS,
+        )  # fmt: skip
+        self.result.energy = dict(zip(ENERGY_KEYS, shares.tolist(), strict=True))
 
     def after_backward(self) -> None:
         if self.first_grads is not None and self.result.opt_steps == 0:
@@ -666,32 +867,22 @@ class UpdateDiagnostics:
                     self.first_grads[name] = p.grad.detach().cpu().clone()
 
     def after_step(
-        self, mb: MiniBatch, sub: RolloutBatch, fwd: dict[str, Tensor], co: Coefficients, grad_norm: float
+        self, mb: MiniBatch, sub: RolloutBatch, logp: Tensor, co: Coefficients, grad_norm: float
     ) -> None:
         res = self.result
         self.meter.add(co.coef, mb.rows)
-        if "probs" in fwd and float(sub.completion_mask.sum()) > 0:
-            shares = energy_by_bucket(
-                co.coef.double(), fwd["probs"], sub.completion_ids, sub.completion_mask,
-                hidden_norm=fwd["hidden_norm"], num_buckets=NUM_ENERGY_BUCKETS,
-            )  # fmt: skip
-            res.energy = dict(zip(ENERGY_KEYS, shares.tolist(), strict=True))
         if co.metrics:
             res.metrics = co.metrics
         res.grad_norm = grad_norm
         res.opt_steps += 1
-        self.last = (sub, fwd["logp"].detach())
+        self.last = (sub, logp.detach())
 
     def finish(self) -> UpdateResult:
         res = self.result
         res.meter = self.meter.totals
-        if self.last is not None:
+        if self.measure and self.last is not None:
             sub, before = self.last
-            with torch.no_grad(), full_params(self.accelerator, self.model):
-                was = self.unwrapped.training
-                self.unwrapped.eval()
-                after = policy_logprobs(self.unwrapped, sub, self.cfg)["logp"]
-                self.unwrapped.train(was)
+            after = self._no_grad_pass(sub)["logp"]
             # cancellation-hypothesis paper App. C eq. (16): the last mini-batch's log-probs before vs after its update
             res.flip = token_flip_stats(before, after, sub.advantages, sub.completion_mask)
         return res
@@ -706,6 +897,9 @@ def update(
     advantages: Tensor,
     generator: torch.Generator,
     first_grads: dict[str, Tensor] | None = None,
+    *,
+    on_policy: bool = False,
+    measure: bool = True,
 ) -> UpdateResult:
     """One RL step's optimizer steps on ``batch``: Lopti stages × ``inner_epochs`` × mini-batches.
 
@@ -714,6 +908,10 @@ def update(
         advantages: (B,) or (B, T) (after Advantage Reweighting) advantages of its rows.
         generator: the mini-batch split's RNG.
         first_grads: debug; filled with the first optimizer step's gradients (``UpdateDiagnostics``).
+        on_policy: ``batch.old_logp`` was scored by the current weights (this step's rollouts, not a
+            replayed or buffered batch): the first optimizer step then takes its coefficients from them
+            instead of scoring its mini-batch again.
+        measure: run the energy and token-flip diagnostics (their extra passes) on this step.
     """
     schedule = Schedule(
         inner_epochs=cfg.inner_epochs, num_minibatches=cfg.num_minibatches, batching=cfg.batching,
@@ -725,31 +923,42 @@ def update(
     )  # fmt: skip
     params = [p for p in model.parameters() if p.requires_grad]
     max_norm = cfg.grad_clip if cfg.grad_clip is not None else math.inf
-    diagnostics = UpdateDiagnostics(cfg, accelerator, model, batch, first_grads)
+    diagnostics = UpdateDiagnostics(cfg, accelerator, model, batch, first_grads, measure)
+    res = diagnostics.result
     with dropout_off(model):  # every pass computes the same function as the old-log-prob pass
         for mb in steps:
             sub = batch.select(mb.rows)
             counts = global_counts(accelerator, sub.completion_mask)
             if counts.tokens == 0:
                 continue  # no token of this mini-batch on any process
-            micro = micro_batches(len(sub), cfg.micro_batch_size)
-            # 1. the current log-probs of the whole mini-batch
-            fwd = minibatch_logprobs(model, sub, cfg, micro, with_hidden=diagnostics.wants_hidden(sub))
+            micro = plan_micro_batches(accelerator, cfg, sub)
+            # 1. the current log-probs of the whole mini-batch (on-policy: the old ones, no pass)
+            fwd = minibatch_logprobs(model, sub, cfg, micro, reuse_old=on_policy and res.opt_steps == 0)
             # 2. its coefficients ∂J/∂logp: one compute_loss call on the whole mini-batch
             co = minibatch_coefficients(cfg, sub, mb.advantages, fwd["logp"].detach(), counts)
+            diagnostics.before_step(sub, co)
             # 3. ∇θ J = Σ c·∇θ logp into .grad (micro-batch by micro-batch: the same gradient)
-            backpropagate(accelerator, model, cfg, sub, co.coef, micro, fwd["logp"])
+            scored = backpropagate(accelerator, model, cfg, sub, co.coef, micro, fwd["logp"])
             diagnostics.after_backward()
             # 4. clip, step
             grad_norm = float(accelerator.clip_grad_norm_(params, max_norm))
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            diagnostics.after_step(mb, sub, fwd, co, grad_norm)
+            diagnostics.after_step(mb, sub, fwd["logp"], co, grad_norm)
+            res.rows_scored += float(fwd["scored_rows"]) + scored
+            slots, real = pass_tokens(
+                sub, micro if not fwd["logp"].requires_grad else [torch.arange(len(sub))]
+            )
+            res.slots += slots
+            res.tokens += real
     return diagnostics.finish()
 
 
 def _vocab(model: Any) -> int:
-    return int(model.get_output_embeddings().weight.shape[0])
+    """The vocabulary size from the model's config (a sharded head's local rows are not the vocabulary:
+    9056 for a 282-row head under FSDP1 on 2 ranks, 0 under ZeRO-3)."""
+    size = getattr(getattr(model, "config", None), "vocab_size", None)
+    return int(size) if size else int(model.get_output_embeddings().weight.shape[0])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -828,27 +1037,35 @@ def evaluate(
     if with_forms:
         local.update(form_entropy=0.0, form_mass=0.0, form_logodds=0.0, form_prompts=0.0)
     if mine:
-        prompts = [format_prompt(tokenizer, t.prompt) for t in mine]
+        prompts = [
+            format_prompt(tokenizer, t.prompt, cfg.system_prompt, cfg.chat_template_kwargs) for t in mine
+        ]
         answers = [t.answer for t in mine]
+        backend = make_backend(cfg.rollout_backend, unwrapped, cfg.generation_batch_size)
         greedy = generate_texts(
-            unwrapped, tokenizer, prompts, n=1, max_new_tokens=cfg.max_new_tokens, do_sample=False
-        )
-        r_greedy, _ = compute_rewards(cfg.reward, prompts, greedy, answers, cfg.failure_reward)
+            unwrapped, tokenizer, prompts, n=1, max_new_tokens=cfg.max_new_tokens, do_sample=False,
+            backend=backend,
+        )  # fmt: skip
+        r_greedy, _ = compute_rewards(
+            cfg.reward, prompts, greedy, answers, cfg.failure_reward,
+            weights=cfg.reward_weights, columns=reward_columns(mine),
+        )  # fmt: skip
         k = cfg.eval_k
         sampled = generate_texts(
             unwrapped, tokenizer, prompts, n=k, max_new_tokens=cfg.max_new_tokens,
-            do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p,
+            do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, backend=backend,
         )  # fmt: skip
         r_k, _ = compute_rewards(
             cfg.reward, [p for p in prompts for _ in range(k)], sampled, [a for a in answers for _ in range(k)],
-            cfg.failure_reward,
+            cfg.failure_reward, weights=cfg.reward_weights, columns=reward_columns([t for t in mine for _ in range(k)]),
         )  # fmt: skip
         local["greedy_correct"] = float(sum(r >= 1.0 for r in r_greedy))
         local["mean_sampled_reward"] = sum(r_k) / k  # summed over prompts: Σ_prompts mean of its k rewards
     multi = [t for t in mine if len(t.forms) >= 2]
     if multi:
         logps = form_logprobs(
-            unwrapped, tokenizer, [format_prompt(tokenizer, t.prompt) for t in multi],
+            unwrapped, tokenizer,
+            [format_prompt(tokenizer, t.prompt, cfg.system_prompt, cfg.chat_template_kwargs) for t in multi],
             [t.forms for t in multi], cfg.temperature, cfg.micro_batch_size or FORM_BATCH_ROWS,
         )  # fmt: skip
         for lp in logps:
@@ -954,9 +1171,16 @@ def _train(
     _deepspeed_micro_batch(accelerator)
     # the scheduler is not prepared: an accelerate-prepared scheduler steps once per process
     model, optimizer = accelerator.prepare(model, optimizer)
-    train_tasks = load_tasks(cfg, "train", cfg.num_train)
-    eval_tasks = load_tasks(cfg, "eval", cfg.num_eval) if cfg.eval_every > 0 and cfg.num_eval > 0 else []
-    formatted = {id(t): format_prompt(tokenizer, t.prompt) for t in train_tasks}
+    train_tasks = load_tasks(cfg, "train", cfg.num_train, tokenizer, accelerator.print)
+    eval_tasks = (
+        load_tasks(cfg, "eval", cfg.num_eval, tokenizer, accelerator.print)
+        if cfg.eval_every > 0 and cfg.num_eval > 0
+        else []
+    )
+    formatted = {
+        id(t): format_prompt(tokenizer, t.prompt, cfg.system_prompt, cfg.chat_template_kwargs)
+        for t in train_tasks
+    }
     buffer = None if cfg.reward_balanced_rho is None else make_buffer(cfg, tokenizer.pad_token_id)
 
     # ---- resume
@@ -977,134 +1201,177 @@ def _train(
     logger = RunLogger(out_dir, cfg.steps, enabled=accelerator.is_main_process, resume_step=start)
     unwrapped = accelerator.unwrap_model(model)
     ref_ctx = unwrapped.disable_adapter if cfg.beta > 0 else None
+    backend = make_backend(cfg.rollout_backend, unwrapped, cfg.generation_batch_size)
     rows: list[dict[str, float]] = []
+    warned_truncation = False
     model.train()
 
-    for step in range(start + 1, cfg.steps + 1):
-        t0 = time.perf_counter()
-        seed = step_seed(cfg.seed, step, rank)
-        torch.manual_seed(seed)
-        generator = torch.Generator().manual_seed(seed + 1)
-        dump = None if debug_dir is None else Path(debug_dir) / f"rank{rank}"
+    with compute_precision(cfg, accelerator.device):  # bf16 autocast for fp32 master weights
+        for step in range(start + 1, cfg.steps + 1):
+            t0 = time.perf_counter()
+            seed = step_seed(cfg.seed, step, rank)
+            torch.manual_seed(seed)
+            generator = torch.Generator().manual_seed(seed + 1)
+            dump = None if debug_dir is None else Path(debug_dir) / f"rank{rank}"
 
-        # ---- 1. rollouts: G completions for each of this process's prompts
-        replay = None if replay_dir is None else replay_file(Path(replay_dir), rank, step)
-        replayed = replay is not None
-        if replayed:
-            # debug: train on saved rollouts (their texts, masks and rewards) instead of sampling
-            batch = torch.load(replay, map_location="cpu", weights_only=False).to(accelerator.device)
-            roll = _replay_stats(batch)
-        else:
-            mine = step_prompts(train_tasks, step, cfg.prompts_per_step, rank, world, cfg.seed)
-            with full_params(accelerator, model):
-                batch, roll = generate_rollouts(
-                    unwrapped, tokenizer, [formatted[id(t)] for _, t in mine], [t.answer for _, t in mine],
-                    [k for k, _ in mine], num_generations=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
-                    temperature=cfg.temperature, top_p=cfg.top_p, ref_model_ctx=ref_ctx,
+            # ---- 1. rollouts: G completions for each of this process's prompts
+            replay = None if replay_dir is None else replay_file(Path(replay_dir), rank, step)
+            replayed = replay is not None
+            if replayed:
+                # debug: train on saved rollouts (their texts, masks and rewards) instead of sampling
+                batch = safe_load(replay).to(accelerator.device)
+                roll = _replay_stats(batch)
+            else:
+                mine = step_prompts(train_tasks, step, cfg.prompts_per_step, rank, world, cfg.seed)
+                with full_params(accelerator, model):
+                    batch, roll = generate_rollouts(
+                        unwrapped, tokenizer, [formatted[id(t)] for _, t in mine], [t.answer for _, t in mine],
+                        [k for k, _ in mine], num_generations=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
+                        temperature=cfg.temperature, top_p=cfg.top_p, ref_model_ctx=ref_ctx,
+                        chunk_tokens=cfg.logprob_chunk_tokens, backend=backend,
+                    )  # fmt: skip
+            t_gen = time.perf_counter() - t0
+
+            # ---- 2. rewards, truncation, group-relative advantages (DFPO eq. 43) over the rows in the loss
+            failures = 0
+            if not replayed:
+                by_id = dict(mine)  # each row's task by its global prompt id: its dataset columns
+                rewards, failures = compute_rewards(
+                    cfg.reward, batch.prompts, batch.completions, batch.answers, cfg.failure_reward,
+                    weights=cfg.reward_weights, columns=reward_columns([by_id[g] for g in batch.group.tolist()]),
                 )  # fmt: skip
-        t_gen = time.perf_counter() - t0
+                batch.rewards = torch.tensor(rewards, dtype=torch.float32, device=batch.group.device)
+            valid = apply_truncation(cfg, batch)
+            batch.advantages = group_advantages(
+                batch.rewards, batch.group, scale=cfg.adv_scale, valid=valid
+            ).float()
+            if dump is not None:
+                dump.mkdir(parents=True, exist_ok=True)
+                torch.save(batch.to("cpu"), dump / f"step_{step:06d}_rollouts.pt")
 
-        # ---- 2. rewards, truncation, group-relative advantages (DFPO eq. 43) over the rows in the loss
-        failures = 0
-        if not replayed:
-            rewards, failures = compute_rewards(
-                cfg.reward, batch.prompts, batch.completions, batch.answers, cfg.failure_reward
-            )
-            batch.rewards = torch.tensor(rewards, dtype=torch.float32, device=batch.group.device)
-        valid = apply_truncation(cfg, batch)
-        batch.advantages = group_advantages(
-            batch.rewards, batch.group, scale=cfg.adv_scale, valid=valid
-        ).float()
-        if dump is not None:
-            dump.mkdir(parents=True, exist_ok=True)
-            torch.save(batch.to("cpu"), dump / f"step_{step:06d}_rollouts.pt")
+            # ---- 3. the update batch: this step's, or a reward-balanced selection (cancellation-hypothesis paper Sec. 4)
+            update_batch: RolloutBatch | None = batch
+            if buffer is not None:
+                buffer.push(batch, batch.advantages, batch.group)
+                selection = buffer.selection()
+                # every process must step together: take nothing unless every process has a selection
+                everyone = not _any_process(accelerator, selection is None)
+                update_batch = buffer.pop(selection if everyone else None)
 
-        # ---- 3. the update batch: this step's, or a reward-balanced selection (cancellation-hypothesis paper Sec. 4)
-        update_batch: RolloutBatch | None = batch
-        if buffer is not None:
-            buffer.push(batch, batch.advantages, batch.group)
-            selection = buffer.selection()
-            # every process must step together: take nothing unless every process has a selection
-            everyone = not _any_process(accelerator, selection is None)
-            update_batch = buffer.pop(selection if everyone else None)
+            # ---- 4. the update
+            t1 = time.perf_counter()
+            first_grads: dict[str, Tensor] | None = {} if dump is not None else None
+            res = UpdateResult()
+            if update_batch is not None:
+                adv = update_batch.advantages
+                if cfg.ar_alpha is not None:
+                    # Advantage Reweighting (Lopti paper §4.1, eq. 4): per-token A·[α·π_old + (1 − α)]
+                    adv = reweight_advantages(adv, update_batch.old_logp, cfg.ar_alpha)
+                res = update(
+                    cfg, accelerator, model, optimizer, update_batch, adv, generator, first_grads=first_grads,
+                    on_policy=update_batch is batch and not replayed, measure=measure_step(cfg, step),
+                )  # fmt: skip
+            with warnings.catch_warnings():
+                # the LR schedule follows RL steps; a step without an optimizer step (every completion truncated,
+                # or a reward-balanced buffer still filling) is expected here, not the mistake torch warns about
+                warnings.filterwarnings(
+                    "ignore", message=".*lr_scheduler.step.*optimizer.step.*", category=UserWarning
+                )
+                scheduler.step()
+            if res.opt_steps:
+                backend.sync_weights(unwrapped)  # the next rollouts sample from the updated policy
+            t_upd = time.perf_counter() - t1
+            if dump is not None:
+                torch.save(first_grads, dump / f"step_{step:06d}_grads.pt")
+                trainable = {
+                    n: p.detach().cpu().clone() for n, p in unwrapped.named_parameters() if p.requires_grad
+                }
+                torch.save(trainable, dump / f"step_{step:06d}_trainable.pt")
 
-        # ---- 4. the update
-        t1 = time.perf_counter()
-        first_grads: dict[str, Tensor] | None = {} if dump is not None else None
-        res = UpdateResult()
-        if update_batch is not None:
-            adv = update_batch.advantages
-            if cfg.ar_alpha is not None:
-                # Advantage Reweighting (Lopti paper §4.1, eq. 4): per-token A·[α·π_old + (1 − α)]
-                adv = reweight_advantages(adv, update_batch.old_logp, cfg.ar_alpha)
-            res = update(
-                cfg, accelerator, model, optimizer, update_batch, adv, generator, first_grads=first_grads
-            )
-        with warnings.catch_warnings():
-            # the LR schedule follows RL steps; a step without an optimizer step (every completion truncated,
-            # or a reward-balanced buffer still filling) is expected here, not the mistake torch warns about
-            warnings.filterwarnings(
-                "ignore", message=".*lr_scheduler.step.*optimizer.step.*", category=UserWarning
-            )
-            scheduler.step()
-        t_upd = time.perf_counter() - t1
-        if dump is not None:
-            torch.save(first_grads, dump / f"step_{step:06d}_grads.pt")
-            trainable = {
-                n: p.detach().cpu().clone() for n, p in unwrapped.named_parameters() if p.requires_grad
-            }
-            torch.save(trainable, dump / f"step_{step:06d}_trainable.pt")
+            # ---- 5. the log row (same keys as the toy where they exist)
+            all_rewards = accelerator.gather(batch.rewards)
+            row = _mean_over_processes(accelerator, {
+                **{k: res.metrics.get(k, math.nan) for k in METRIC_KEYS}, **res.flip, **res.energy,
+                "completion_length": roll["completion_length"], "truncated_frac": roll["truncated_frac"],
+                "entropy": roll["entropy"], "grad_norm": res.grad_norm,
+            })  # fmt: skip
+            totals = _sum_over_processes(accelerator, {
+                "reward_failures": float(failures), "tokens_generated": roll["tokens_generated"],
+                "truncation/dropped_groups": float(dropped_groups(batch.group, valid)),
+                "loss_tokens": 0.0 if update_batch is None else float(update_batch.completion_mask.sum()),
+                # every row through the model this step: the old (and reference) pass, then the update's
+                "rows_scored": (0.0 if replayed else len(batch) * (2.0 if ref_ctx is not None else 1.0))
+                + res.rows_scored,
+                "rows": float(len(batch)), "slots": res.slots, "tokens": res.tokens,
+            })  # fmt: skip
+            row.update(_score_stats(totals))
+            if update_batch is not None and totals["loss_tokens"] == 0 and not warned_truncation:
+                warned_truncation = True  # once per run; the run's last line counts every such step
+                accelerator.print(truncation_warning(cfg, step), file=sys.stderr)
+            meter = MeterTotals.from_list(_sum_list(accelerator, res.meter.as_list()))
+            dt = time.perf_counter() - t0
+            row.update({
+                "sampled_reward": float(all_rewards.mean()),
+                "reward/mean": float(all_rewards.mean()),
+                "reward/std": float(all_rewards.std()) if all_rewards.numel() > 1 else 0.0,
+                "accuracy": float((all_rewards >= 1.0).float().mean()),
+                "reward_failures": totals["reward_failures"],
+                "truncation/dropped_groups": totals["truncation/dropped_groups"],
+                # an update batch whose every completion was truncated (and masked): nothing to learn from
+                "truncation/no_update": float(update_batch is not None and totals["loss_tokens"] == 0),
+                **meter.residuals(),
+                "lr": scheduler.get_last_lr()[0],
+                "opt_steps": float(res.opt_steps),
+                "updated": 1.0 if update_batch is not None else 0.0,
+                "buffer_groups": float(0 if buffer is None else buffer.num_buffered),
+                "time/step_s": dt,
+                "time/generate_s": t_gen,
+                "time/update_s": t_upd,
+                "time/tokens_per_s": totals["tokens_generated"] / dt,
+            })  # fmt: skip
 
-        # ---- 5. the log row (same keys as the toy where they exist)
-        all_rewards = accelerator.gather(batch.rewards)
-        row = _mean_over_processes(accelerator, {
-            **{k: res.metrics.get(k, math.nan) for k in METRIC_KEYS}, **res.flip, **res.energy,
-            "completion_length": roll["completion_length"], "truncated_frac": roll["truncated_frac"],
-            "entropy": roll["entropy"], "grad_norm": res.grad_norm,
-        })  # fmt: skip
-        totals = _sum_over_processes(accelerator, {
-            "reward_failures": float(failures), "tokens_generated": roll["tokens_generated"],
-            "truncation/dropped_groups": float(dropped_groups(batch.group, valid)),
-            "loss_tokens": 0.0 if update_batch is None else float(update_batch.completion_mask.sum()),
-        })  # fmt: skip
-        meter = MeterTotals.from_list(_sum_list(accelerator, res.meter.as_list()))
-        dt = time.perf_counter() - t0
-        row.update({
-            "sampled_reward": float(all_rewards.mean()),
-            "reward/mean": float(all_rewards.mean()),
-            "reward/std": float(all_rewards.std()) if all_rewards.numel() > 1 else 0.0,
-            "accuracy": float((all_rewards >= 1.0).float().mean()),
-            "reward_failures": totals["reward_failures"],
-            "truncation/dropped_groups": totals["truncation/dropped_groups"],
-            # an update batch whose every completion was truncated (and masked): nothing to learn from
-            "truncation/no_update": float(update_batch is not None and totals["loss_tokens"] == 0),
-            **meter.residuals(),
-            "lr": scheduler.get_last_lr()[0],
-            "opt_steps": float(res.opt_steps),
-            "updated": 1.0 if update_batch is not None else 0.0,
-            "buffer_groups": float(0 if buffer is None else buffer.num_buffered),
-            "time/step_s": dt,
-            "time/generate_s": t_gen,
-            "time/update_s": t_upd,
-            "time/tokens_per_s": totals["tokens_generated"] / dt,
-        })  # fmt: skip
-
-        # ---- eval, log, checkpoint
-        if eval_tasks and (step % cfg.eval_every == 0 or step == cfg.steps):
-            torch.manual_seed(seed + 2)
-            with full_params(accelerator, model):
-                row.update(evaluate(cfg, accelerator, model, tokenizer, eval_tasks))
-        logger.log(step, row)
-        rows.append(row)
-        if (cfg.save_every > 0 and step % cfg.save_every == 0) or step == cfg.steps:
-            buffered = None if buffer is None else buffer.payload
-            save_checkpoint(
-                accelerator, model, optimizer, scheduler, step, out_dir, buffer=buffered,
-                extra={"config": dataclasses.asdict(cfg)},
-            )  # fmt: skip
+            # ---- eval, log, checkpoint
+            if eval_tasks and (step % cfg.eval_every == 0 or step == cfg.steps):
+                torch.manual_seed(seed + 2)
+                with full_params(accelerator, model):
+                    row.update(evaluate(cfg, accelerator, model, tokenizer, eval_tasks))
+            logger.log(step, row)
+            rows.append(row)
+            if (cfg.save_every > 0 and step % cfg.save_every == 0) or step == cfg.steps:
+                buffered = None if buffer is None else buffer.payload
+                save_checkpoint(
+                    accelerator, model, optimizer, scheduler, step, out_dir, buffer=buffered,
+                    extra={"config": dataclasses.asdict(cfg)}, save_total_limit=cfg.save_total_limit,
+                )  # fmt: skip
     logger.close()
     accelerator.wait_for_everyone()
     return TrainResult(rows=rows, model=accelerator.unwrap_model(model), tokenizer=tokenizer)
+
+
+def truncation_warning(cfg: RunConfig, step: int) -> str:
+    """What the run prints (once) at the first step whose every completion was truncated and masked."""
+    return (
+        f"WARNING step {step}: every completion reached max_new_tokens={cfg.max_new_tokens} without an end "
+        f"token and `truncation: {cfg.truncation}` masked them all: this step trains on nothing. Raise "
+        "`max_new_tokens` (a thinking model needs thousands of tokens), or turn thinking off "
+        "(`chat_template_kwargs: {enable_thinking: false}` for Qwen3), or set `truncation: failure_reward` "
+        "so that truncated completions are punished instead of dropped."
+    )
+
+
+def measure_step(cfg: RunConfig, step: int) -> bool:
+    """Whether step ``step`` runs the energy and token-flip diagnostics (``flip_every``; None: ``eval_every``)."""
+    every = cfg.eval_every if cfg.flip_every is None else cfg.flip_every
+    return every > 0 and (step % every == 0 or step == cfg.steps)
+
+
+def _score_stats(totals: dict[str, float]) -> dict[str, float]:
+    """``score/*`` of a step from its summed counts: rows scored (all passes), per completion, padding."""
+    return {
+        "score/rows": totals["rows_scored"],
+        "score/rows_per_completion": totals["rows_scored"] / max(totals["rows"], 1.0),
+        "score/padding_frac": 1.0 - totals["tokens"] / totals["slots"] if totals["slots"] > 0 else math.nan,
+    }
 
 
 def full_params(accelerator: Any, model: Any) -> Any:
@@ -1122,10 +1389,27 @@ def full_params(accelerator: Any, model: Any) -> Any:
 
         return deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None)
     if kind == DistributedType.FSDP:
+        if getattr(accelerator, "is_fsdp2", False):
+            return _fsdp2_unsharded(model)
         from torch.distributed.fsdp import FullyShardedDataParallel
 
         return FullyShardedDataParallel.summon_full_params(model, writeback=False, recurse=True)
     return nullcontext()
+
+
+@contextmanager
+def _fsdp2_unsharded(model: Any) -> Iterator[None]:
+    """Every ``fully_shard`` module of ``model`` holds its whole parameters inside (FSDP2)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for m in modules:
+        m.unshard()
+    try:
+        yield
+    finally:
+        for m in modules:
+            m.reshard()
 
 
 def _deepspeed_micro_batch(accelerator: Any) -> None:
@@ -1177,6 +1461,14 @@ def _sum_list(accelerator: Any, values: list[float]) -> list[float]:
         return [float(v) for v in values]
     t = torch.tensor(values, dtype=torch.float64, device=accelerator.device)
     return accelerator.reduce(t, "sum").tolist()
+
+
+def _max_list(accelerator: Any, values: list[float]) -> list[float]:
+    """Element-wise maximum of ``values`` over processes."""
+    if accelerator.num_processes == 1:
+        return [float(v) for v in values]
+    t = torch.tensor(values, dtype=torch.float64, device=accelerator.device)
+    return accelerator.reduce(t, "max").tolist()
 
 
 def _sum_over_processes(accelerator: Any, values: dict[str, float]) -> dict[str, float]:

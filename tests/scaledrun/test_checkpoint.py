@@ -86,3 +86,30 @@ def test_rng_state_round_trip():
     a = (random.random(), float(np.random.rand()), float(torch.rand(())))
     set_rng_state(state)
     assert (random.random(), float(np.random.rand()), float(torch.rand(()))) == a
+
+
+def test_save_total_limit_keeps_the_newest_checkpoints(tiny_model, tmp_path):
+    out = tmp_path / "run"
+    tr.train(make_cfg(tiny_model, out, steps=4, save_every=1, save_total_limit=2))
+    assert sorted(d.name for d in (out / "checkpoints").iterdir()) == ["step_000003", "step_000004"]
+    assert latest_checkpoint(out) == checkpoint_dir(out, 4)
+
+
+def test_a_checkpoint_or_replay_file_carrying_code_is_refused(tiny_model, tmp_path):
+    """Files are loaded with ``weights_only=True``: a pickled callable (it could run code when loaded) is
+    refused with an error naming the file, on resume and on replay; the trainer's own files load."""
+    import os
+
+    out = tmp_path / "run"
+    tr.train(make_cfg(tiny_model, out, steps=2, save_every=1))
+    tr.train(make_cfg(tiny_model, out, steps=3, save_every=1, resume=True))  # its own files: fine
+    bad = checkpoint_dir(out, 3) / "rng_state_0.pt"
+    state = torch.load(bad, weights_only=False)
+    torch.save({**state, "hook": os.system}, bad)
+    with pytest.raises(ValueError, match=r"rng_state_0\.pt: refused to load"):
+        tr.train(make_cfg(tiny_model, out, steps=4, save_every=1, resume=True))
+    replay = tmp_path / "replay"
+    replay.mkdir()
+    torch.save({"batch": print}, replay / "step_000001_rollouts.pt")
+    with pytest.raises(ValueError, match=r"step_000001_rollouts\.pt: refused to load"):
+        tr.train(make_cfg(tiny_model, tmp_path / "r2", steps=1), replay_dir=replay)

@@ -20,7 +20,9 @@ def test_default_yaml_maps_one_to_one_to_the_dataclass():
 
     keys = list(yaml.safe_load(DEFAULT_YAML.read_text()))
     assert keys == [f.name for f in dataclasses.fields(RunConfig)]
-    assert load_config(str(DEFAULT_YAML), []) == RunConfig()
+    # the file only pins the tiny run's 64 training prompts (the dataclass: every row of a dataset)
+    assert load_config(str(DEFAULT_YAML), []) == RunConfig(num_train=64)
+    assert RunConfig().num_train is None
 
 
 def test_every_field_has_a_docstring():
@@ -146,6 +148,18 @@ def test_save_config_round_trips(tmp_path):
         (["--truncation", "drop"], "truncation", ["mask", "failure_reward", "keep"]),
         (["--dtype", "float8"], "dtype", ["float32", "bfloat16"]),
         (["--preset", "qwen9"], "preset", list(PRESETS)),
+        (["--reward", "exact_match,bleu"], "reward", reward_names()),
+        (["--reward", "exact_match,math_verify", "--reward_weights", "1.0"], "reward_weights", []),
+        (["--reward_weights", "1.0", "nan"], "reward_weights", []),
+        (["--num_train", "0"], "num_train", []),
+        (["--eval_fraction", "1.0"], "eval_fraction", []),
+        (["--eval_split", "test"], "eval_split", []),  # synthetic tasks have their own held-out split
+        (["--train_split", "dev"], "train_split", []),
+        (["--dataset_config", "main"], "dataset_config", []),
+        (["--max_prompt_length", "0"], "max_prompt_length", []),
+        (["--chat_template_kwargs", '{"tokenize": true}'], "chat_template_kwargs", ["tokenize"]),
+        (["--answer_field", "reward_model."], "answer_field", []),
+        (["--task", "./no/such/folder"], "task", ["./no/such/folder"]),
     ],
 )
 def test_invalid_values_name_the_field(args, field, lists):
@@ -193,3 +207,89 @@ def test_unknown_and_malformed_cli_options_raise():
 def test_direct_construction_validates():
     with pytest.raises(ValueError, match="`group_size`"):
         RunConfig(group_size=0)
+
+
+def test_data_and_reward_fields_from_yaml_and_the_command_line(tmp_path):
+    path = tmp_path / "data.yaml"
+    path.write_text(
+        "reward: [exact_match, math_verify]\nreward_weights: [1, 0.5]\n"
+        "chat_template_kwargs: {enable_thinking: false}\nsystem_prompt: Be brief.\nnum_train: null\n"
+    )
+    cfg = load_config(str(path), [])
+    assert (cfg.reward, cfg.reward_weights) == (
+        "exact_match,math_verify",
+        [1.0, 0.5],
+    )  # a YAML list is joined
+    assert all(isinstance(w, float) for w in cfg.reward_weights)
+    assert (cfg.chat_template_kwargs, cfg.system_prompt, cfg.num_train) == (
+        {"enable_thinking": False},
+        "Be brief.",
+        None,
+    )
+    assert load_config(str(save_config(cfg, tmp_path / "saved.yaml")), []) == cfg  # round trip
+    cfg = load_config(
+        str(path),
+        [
+            "--reward",
+            "math_verify",
+            "--reward_weights",
+            "none",
+            "--chat_template_kwargs",
+            '{"enable_thinking": true}',
+        ],
+    )
+    assert (cfg.reward, cfg.reward_weights, cfg.chat_template_kwargs) == (
+        "math_verify",
+        None,
+        {"enable_thinking": True},
+    )
+    assert (
+        load_config(None, ["--chat_template_kwargs", "null", "--num_train", "none"]).chat_template_kwargs
+        is None
+    )
+    assert RunConfig(reward=["exact_match", "math_verify"], reward_weights=[2, 1]).reward_weights == [
+        2.0,
+        1.0,
+    ]
+    for bad in ("[1, 2]", "{not json"):
+        with pytest.raises(ValueError, match="chat_template_kwargs") as info:
+            load_config(None, ["--chat_template_kwargs", bad])
+        assert "JSON object" in str(info.value)
+    path.write_text("chat_template_kwargs: [enable_thinking]\n")
+    with pytest.raises(ValueError, match="`chat_template_kwargs`"):
+        load_config(str(path), [])
+
+
+def test_dataset_fields(tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"prompt": "1+1", "answer": "2"}\n')
+    test = tmp_path / "test.jsonl"
+    test.write_text('{"prompt": "2+2", "answer": "4"}\n')
+    cfg = load_config(None, ["--task", str(data), "--eval_split", str(test), "--max_prompt_length", "512"])
+    assert (cfg.eval_split, cfg.max_prompt_length, cfg.train_split) == (str(test), 512, "train")
+    assert load_config(None, ["--task", str(data), "--eval_fraction", "0.1"]).eval_fraction == 0.1
+    # a hub name is taken as it is (no network at load time)
+    cfg = load_config(None, ["--task", "openai/gsm8k", "--dataset_config", "main", "--eval_split", "test"])
+    assert (cfg.task, cfg.dataset_config, cfg.eval_split) == ("openai/gsm8k", "main", "test")
+    with pytest.raises(ValueError, match="`eval_fraction`"):
+        load_config(None, ["--task", str(data), "--eval_split", str(test), "--eval_fraction", "0.1"])
+    with pytest.raises(ValueError, match="`eval_split`") as info:
+        load_config(None, ["--task", str(data), "--eval_split", "test"])
+    assert "file path" in str(info.value)
+    with pytest.raises(ValueError, match="`eval_split`"):
+        load_config(None, ["--task", "openai/gsm8k", "--eval_split", "train"])
+
+
+def test_presets_fit_their_context_and_do_not_truncate_by_construction():
+    from scaledrun.config import CONTEXT_LENGTHS, PRESETS
+
+    for name in PRESETS:
+        cfg = load_config(None, ["--preset", name])
+        if cfg.model in CONTEXT_LENGTHS:
+            assert cfg.max_prompt_length is not None, name
+            assert cfg.max_prompt_length + cfg.max_new_tokens <= CONTEXT_LENGTHS[cfg.model], name
+        if cfg.model.startswith("Qwen/Qwen3"):
+            thinking = (cfg.chat_template_kwargs or {}).get("enable_thinking", True)
+            # a thinking model needs thousands of tokens; the 16 of the tiny run would cut every completion
+            assert cfg.max_new_tokens >= (4096 if thinking else 256), name
+    assert {"qwen2.5-math-7b", "qwen3-8b"} <= set(PRESETS)

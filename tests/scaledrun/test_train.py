@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM
 
 import scaledrun.train as tr
 from cancellation import compute_loss
+from cancellation.diagnostics import FLIP_KEYS
 from scaledrun.config import RunConfig, load_config
 from scaledrun.rewards import REWARDS
 from scaledrun.rollout import generate_rollouts, score_completions
@@ -190,8 +191,15 @@ def test_first_on_policy_ratio_is_exactly_one_with_temperature_and_lora_dropout(
     kernels), so logp − old_logp is 0.0 and exp(0) = 1.0. Step 2 is the one that tests dropout: at
     step 1 LoRA's B is still 0, so the adapter (and its dropout) adds nothing yet. Without
     ``dropout_off`` step 2's ratios are not 1.
+
+    The trainer reuses the old log-probs for an on-policy mini-batch (no second pass, ratio 1 by
+    construction); the runs below turn that off so that the loss pass is the one that scores.
     """
     kw = dict(temperature=0.6, lora_dropout=0.05, objective="grpo", steps=2)
+    rows = tr.train(make_cfg(tiny_model, tmp_path / "reuse", **kw)).rows
+    assert all(r["ratio/min"] == 1.0 == r["ratio/max"] for r in rows)
+    update = tr.update
+    monkeypatch.setattr(tr, "update", lambda *a, **k: update(*a, **{**k, "on_policy": False}))
     rows = tr.train(make_cfg(tiny_model, tmp_path / "on", **kw)).rows
     for row in rows:  # one mini-batch, one inner epoch: each step's only mini-batch is on-policy
         assert row["ratio/min"] == 1.0 and row["ratio/max"] == 1.0 and row["clip/frac"] == 0.0
@@ -410,6 +418,8 @@ def test_a_step_whose_completions_are_all_truncated_takes_no_update_and_says_so(
     assert [r["truncation/no_update"] for r in rows] == [1.0, 0.0 if rows[1]["truncated_frac"] < 1 else 1.0]
     out = capsys.readouterr()
     assert "all completions truncated, no update" in out.err
+    assert "WARNING step 1: every completion reached max_new_tokens=4" in out.err
+    assert "Raise `max_new_tokens`" in out.err and out.err.count("WARNING step") == 1  # once per run
     cut = int(sum(r["truncation/no_update"] for r in rows))
     assert f"{cut} step{'s' if cut > 1 else ''} with every completion truncated (no update)" in out.out
 
@@ -418,6 +428,21 @@ def test_eval_keys(tiny_model, tmp_path):
     rows = tr.train(make_cfg(tiny_model, tmp_path / "e", steps=2, eval_every=2, num_eval=6, eval_k=2)).rows
     assert "eval/greedy_accuracy" not in rows[0]
     assert 0.0 <= rows[1]["eval/greedy_accuracy"] <= 1.0 and 0.0 <= rows[1]["eval/avg@2"] <= 1.0
+    # the flip and energy diagnostics run on the eval cadence (``flip_every`` None): step 2 only
+    assert all(math.isnan(rows[0][k]) for k in (*FLIP_KEYS, *tr.ENERGY_KEYS))
+    assert all(math.isfinite(rows[1][k]) for k in ("flip/rate", *tr.ENERGY_KEYS))
+    # on-policy, one mini-batch: each completion is scored by the old pass and the gradient pass only;
+    # step 2 adds the energy pass (before the step) and the flip pass (after it)
+    assert [r["score/rows_per_completion"] for r in rows] == [2.0, 4.0]
+    assert all(0.0 <= r["score/padding_frac"] < 1.0 for r in rows)
+
+
+def test_measure_step_cadence():
+    cfg = RunConfig(steps=10, eval_every=4)
+    assert [s for s in range(1, 11) if tr.measure_step(cfg, s)] == [4, 8, 10]
+    cfg = RunConfig(steps=10, eval_every=4, flip_every=3)
+    assert [s for s in range(1, 11) if tr.measure_step(cfg, s)] == [3, 6, 9, 10]
+    assert not any(tr.measure_step(RunConfig(steps=10, flip_every=0), s) for s in range(1, 11))
 
 
 def test_missing_model_folder_names_the_field(tmp_path):
@@ -529,6 +554,37 @@ def test_full_finetune_gradient_checkpointing_and_bf16_options(tiny_model, tmp_p
     assert all(bool(torch.isfinite(p.detach().float()).all()) for p in lora_b)
     row = read_metrics(cfg.output_dir)[0]
     assert row["updated"] == 1.0 and math.isfinite(row["loss"])
+
+
+def _changed_fraction(model, base) -> float:
+    changed = total = 0
+    for n, p in model.named_parameters():
+        changed += int((p.detach().float() != base[n].detach().float()).sum())
+        total += p.numel()
+    return changed / total
+
+
+@pytest.mark.parametrize("lr", [1e-5, 8e-7])
+def test_bf16_full_finetune_keeps_fp32_master_weights(tiny_model, tmp_path, lr):
+    """One full fine-tuning step in bfloat16 moves as many weights as in float32 (fp32 master weights,
+    bf16 autocast); AdamW on bf16 weights would lose the updates below bf16's resolution."""
+    base = dict(AutoModelForCausalLM.from_pretrained(tiny_model).named_parameters())
+    runs = {}
+    for dtype in ("float32", "bfloat16"):
+        cfg = make_cfg(tiny_model, tmp_path / dtype, full_finetune=True, lr=lr, dtype=dtype, warmup_ratio=0.0)
+        run = tr.train(cfg)
+        assert {p.dtype for p in run.model.parameters()} == {torch.float32}
+        runs[dtype] = _changed_fraction(run.model, base)
+    # rows of the input embedding whose tokens are not in the batch get no gradient, in both runs
+    assert runs["float32"] > 0.5 and runs["bfloat16"] >= 0.99 * runs["float32"], runs
+    # the other way, measured here: one AdamW step on the bf16 weights of the same size moves far fewer
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.bfloat16)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)  # every weight gets a full-size Adam step, lr · 1
+    opt.step()
+    assert _changed_fraction(model, before) < 0.5 * runs["bfloat16"]
 
 
 def test_offpolicy_config_makes_the_objectives_differ(tiny_model, tmp_path):
