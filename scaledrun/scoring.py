@@ -11,14 +11,15 @@ vocabulary (V = 151,936) one (B, T, V) fp32 copy at B = 2, T = 512 is already 0.
   log-probs of N positions from their hidden states h (N, d) and the head's weight W (V, d) (+ bias),
   ``chunk_tokens`` positions at a time. Each chunk's logits are computed in the model's dtype (as the
   head computes them), taken to float32, divided by τ and reduced in place to the target's log-prob,
-  the logsumexp and (optionally) the entropy; the next chunk reuses nothing. The forward saves only h,
-  W, the targets and the N logsumexps; the backward recomputes each chunk's logits and turns them in
-  place into ∂loss/∂z = g·(onehot(y) − softmax(z/τ))/τ, from which it forms ∂/∂h (and ∂/∂W, ∂/∂b when
-  they require grad: full fine-tuning, tied embeddings). At no time does it hold more than one chunk's
-  (chunk, V) float32 logits and one temporary of the same size (the forward with entropy; one without,
-  and in the backward), plus the (chunk, V) matmul output in the model's dtype when that is not float32.
-  A Python loop over chunks under plain autograd would not bound the backward: autograd keeps every
-  chunk's log-softmax until the backward runs.
+  the logsumexp and (optionally) the entropy, in buffers that every chunk reuses. The forward saves
+  only h, W, the targets and the N logsumexps; the backward recomputes each chunk's logits and turns
+  them in place into ∂loss/∂z = g·(onehot(y) − softmax(z/τ))/τ, from which it forms ∂/∂h (and ∂/∂W,
+  ∂/∂b when they require grad: full fine-tuning, tied embeddings). Memory beyond the model's own: one
+  (chunk, V) float32 buffer of logits, a second one for exp(z) in the forward with entropy, and a
+  (chunk, V) buffer in the model's dtype when that is not float32 (``tests/scaledrun/test_scoring.py``
+  counts them), whatever B and T; with ``chunk_tokens`` 128 and Qwen's vocabulary 78 MB per float32
+  buffer (``benchmarks/scoring_memory.py`` measures the passes). A Python loop over chunks under plain
+  autograd would not bound the backward: autograd keeps every chunk's log-softmax until it runs.
 - ``completion_scores``: ``completion_logprobs``'s log-probs (and entropy) of the last T tokens through
   ``ChunkedTokenLogprob``. The call goes through the model as the trainer holds it (DDP's, FSDP's and
   DeepSpeed's forward wrappers, PEFT), so gradient synchronisation and parameter gathering happen as in
@@ -37,8 +38,10 @@ A Hugging Face causal LM whose forward takes ``logits_to_keep`` and computes its
 the logits afterwards. True for Qwen2 / Qwen2.5 / Qwen3 (dense and MoE) and Llama. A model that rescales
 or soft-caps its logits (``final_logit_softcapping``: Gemma 2/3; ``logit_scale``: Cohere;
 ``logits_scaling``: Granite; ``lm_head_multiplier``, ``output_multiplier``), a quantised head
-(bitsandbytes) or a head that PEFT wraps (LoRA on ``lm_head``) gets a ``ValueError`` saying so, as does a
-forward without ``logits_to_keep``. The values are exact: they do not depend on ``chunk_tokens`` beyond
+(bitsandbytes), a head that PEFT wraps (LoRA on ``lm_head``, ``modules_to_save``) or a tensor-parallel
+head (a DTensor weight inside the forward) gets a ``ValueError`` saying so, as does a forward without
+``logits_to_keep``. DDP and FSDP2 are tested (one process); FSDP1 and DeepSpeed ZeRO-3 rely on the same
+hooks but are not exercised here. The values are exact: they do not depend on ``chunk_tokens`` beyond
 float rounding (the chunk's matmul and reductions may sum in another order than the full one).
 
 Mixed precision: under ``torch.autocast`` the chunk's matmul runs in the autocast dtype (as the head's

@@ -253,6 +253,42 @@ def test_full_finetune_gradients_match_with_tied_embeddings(models, dtype, chunk
     assert_same_grads(grads(model, _weighted_loss("chunked", chunk)), want, TOL[dtype])
 
 
+def test_a_batch_with_nothing_scored_gives_zeros_and_zero_gradients(models):
+    """The trainer's empty pass (a process with no unmasked token still runs a forward and backward so
+    that collectives match): N = 0 scored positions, logp 0, a backward that gives zero gradients."""
+    model = lora(models[torch.float32])
+    ids, att, mask = batch()
+    res = completion_scores(
+        model, ids, att, T, temperature=TAU, completion_mask=torch.zeros_like(mask), with_entropy=True
+    )
+    assert float(res["logp"].abs().max()) == 0.0 == float(res["entropy"].abs().max())
+    res["logp"].sum().backward()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    assert all(p.grad is not None and float(p.grad.abs().max()) == 0.0 for p in trainable)
+    model.zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize("mode", ["bfloat16", "autocast"])
+def test_bfloat16_and_autocast_match_within_bfloat16_rounding(models, mode):
+    """A bfloat16 model, and a float32 one under CPU autocast to bfloat16: the head's matmul runs in
+    bfloat16 (into the low-precision buffer), then float32. The two scorers' bfloat16 matmuls may round
+    differently (another blocking): compared at bfloat16's resolution (2^-8 relative, logits of order 5)."""
+    model = lora(tiny_qwen3(torch.bfloat16) if mode == "bfloat16" else models[torch.float32])
+    ids, att, mask = batch()
+    on = mode == "autocast"
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=on):
+        want = grads(model, _weighted_loss("plain", 7))
+        got = grads(model, _weighted_loss("chunked", 7))
+        with torch.no_grad():
+            ref, ref_entropy = plain_scores(model, ids, att, T, TAU)
+            res = completion_scores(
+                model, ids, att, T, temperature=TAU, completion_mask=mask, with_entropy=True, chunk_tokens=7
+            )
+    torch.testing.assert_close(res["logp"], ref * mask, rtol=0, atol=5e-2)
+    torch.testing.assert_close(res["entropy"], ref_entropy * mask, rtol=0, atol=5e-2)
+    assert_same_grads(got, want, 5e-2)
+
+
 @pytest.fixture
 def process_group(tmp_path):
     """A one-process gloo group (the test's own, destroyed after; an existing one is used as it is)."""
