@@ -1,7 +1,7 @@
 """Statistics a reviewer accepts: bootstrap CIs per arm, paired differences against a baseline, tables.
 
-Pure numpy (scipy is not a dependency; the one exact distribution needed, the sign test's binomial, is a
-sum of integer binomial coefficients).
+Pure numpy (scipy is not a dependency; the exact distributions needed are the sign test's binomial, a sum
+of integer binomial coefficients, and Student's t, through the regularized incomplete beta function).
 
 Per-seed values
     Every function takes one arm's per-seed values as either
@@ -55,6 +55,34 @@ Paired differences
       anti-conservative for small ``n`` (with every ``d_s`` of one sign it can reach ``1/(n_boot+1)``
       where the sign test cannot go below ``2^(1-n)``): with fewer than about 10 seeds, read ``sign_p``.
 
+    ``tol`` (default 0): a difference with ``|d_s| <= tol`` is set to exactly 0 (``apply_tolerance``)
+    before anything is computed, so float noise between arms that should be identical is a tie, not a
+    string of tiny signed differences that the sign test would call significant.
+
+Small samples and multiplicity
+    With 3 to 20 seeds the percentile bootstrap CI is too narrow (at ``n = 5`` its 95 % CI of a zero mean
+    difference excludes 0 in well over 5 % of samples) and the exact sign tests are too coarse to reject
+    at all (``2 / 2^n`` is their smallest p, 0.0625 at ``n = 5``). For those the functions below are used:
+
+    - ``t_cdf(x, df)`` and ``t_quantile(q, df)``: Student's t, ``P(T <= x) = 1 - I_{df/(df+x²)}(df/2,
+      1/2) / 2`` for ``x >= 0`` (``I``: the regularized incomplete beta function, Numerical Recipes'
+      Lentz continued fraction ``betacf`` with ``math.lgamma``); the quantile inverts it by bisection to
+      ``1e-12``.
+    - ``paired_t(d, level)``: ``(mean, low, high, p)``, the one-sample t interval
+      ``mean ± t_{(1+level)/2, n-1} · sd / √n`` (``sd`` with ``ddof = 1``) and the two-sided
+      ``p = 2 · (1 - t_cdf(|t|, n - 1))``, ``t = mean / (sd / √n)``. Exact for normal differences at any
+      ``n``; close to its level for heavier tails (Laplace) from ``n = 5`` (see the tests).
+    - ``signflip_p(d)``: the sign-flip permutation test of the mean, ``p = #{ε ∈ {±1}^n : |Σ ε_i d_i| >=
+      |Σ d_i|} / 2^n``, exact for ``n <= 20`` (Monte Carlo, ``(1 + count) / (1 + n_mc)``, above): valid
+      without normality, as coarse as the sign test at small ``n``.
+    - ``apply_tolerance(d, tol)``: ``|d_i| <= tol`` set to exactly 0 (ties).
+    - ``decide(d, direction, alpha=, tol=)``: the decision rule for a predicted direction: the t test's p
+      decides, ``perm_p`` is reported beside it (see its docstring).
+    - ``holm(p)`` (family-wise error) and ``benjamini_hochberg(p)`` (false discovery rate): adjusted
+      p-values of a family of tests, ``max_{j <= i} min(1, (m - j + 1) p_(j))`` and
+      ``min_{j >= i} min(1, m p_(j) / j)`` over the ``m`` sorted non-NaN p (NaN passes through and is not
+      counted in ``m``).
+
 Tables
     ``summarize_arms`` turns ``{arm: {measure: per-seed values}}`` into ``SummaryRow`` s (grouped by
     measure, arms in the order given) and ``markdown_table`` renders them, ``n/a`` where a value is missing.
@@ -73,13 +101,21 @@ __all__ = [
     "BootstrapCI",
     "PairedDifference",
     "SummaryRow",
+    "apply_tolerance",
+    "benjamini_hochberg",
     "bootstrap_ci",
+    "decide",
     "fmt_p",
     "fmt_value",
+    "holm",
     "markdown_table",
     "paired_difference",
+    "paired_t",
     "sign_test",
+    "signflip_p",
     "summarize_arms",
+    "t_cdf",
+    "t_quantile",
 ]
 
 NAN_POLICIES = ("omit", "raise")
@@ -268,6 +304,311 @@ def sign_test(n_pos: int, n_neg: int) -> float:
 
 
 # --------------------------------------------------------------------------------------------------
+# small samples and multiplicity
+
+# Lentz's continued fraction stops when a step changes the value by less than this (relative)
+_CF_EPS = 1e-15
+_CF_TINY = 1e-300
+_CF_MAXIT = 100_000
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """The continued fraction of the incomplete beta function (Numerical Recipes ``betacf``, modified
+    Lentz); converges fast for ``x < (a + 1) / (a + b + 2)``."""
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c = 1.0
+    d = 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > _CF_TINY else _CF_TINY)
+    h = d
+    for m in range(1, _CF_MAXIT + 1):
+        m2 = 2 * m
+        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > _CF_TINY else _CF_TINY)
+        c = 1.0 + aa / c
+        c = c if abs(c) > _CF_TINY else _CF_TINY
+        h *= d * c
+        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > _CF_TINY else _CF_TINY)
+        c = 1.0 + aa / c
+        c = c if abs(c) > _CF_TINY else _CF_TINY
+        delta = d * c
+        h *= delta
+        if abs(delta - 1.0) < _CF_EPS:
+            return h
+    raise ArithmeticError(f"incomplete beta continued fraction did not converge (a={a}, b={b}, x={x})")
+
+
+def _betai(a: float, b: float, x: float, y: float) -> float:
+    """The regularized incomplete beta function ``I_x(a, b)``, with ``y = 1 - x`` passed in exactly."""
+    if x <= 0.0:
+        return 0.0
+    if y <= 0.0:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log(y))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, y) / b
+
+
+def _check_df(df: float) -> float:
+    df = float(df)
+    if not df > 0.0:  # also rejects NaN
+        raise ValueError(f"`df` must be positive, got {df}")
+    return df
+
+
+def _t_two_sided(t: float, df: float) -> float:
+    """``P(|T| >= |t|)`` for ``T ~ t(df)``: ``I_{df/(df+t²)}(df/2, 1/2)`` (no ``1 - cdf`` cancellation)."""
+    t = abs(float(t))
+    if math.isnan(t):
+        return math.nan
+    if math.isinf(t):
+        return 0.0
+    if math.isinf(df):
+        return math.erfc(t / math.sqrt(2.0))
+    t2 = t * t
+    return _betai(df / 2.0, 0.5, df / (df + t2), t2 / (df + t2))
+
+
+def t_cdf(x: float, df: int | float) -> float:
+    """The Student-t CDF ``P(T <= x)``, ``T ~ t(df)`` (any ``df > 0``; ``df = inf`` is the normal).
+
+    ``P(T <= x) = 1 - I_{df/(df+x²)}(df/2, 1/2) / 2`` for ``x >= 0`` and ``I_{df/(df+x²)}(df/2, 1/2) / 2``
+    for ``x < 0``, where ``I`` is the regularized incomplete beta function (Numerical Recipes ``betai``:
+    the Lentz continued fraction ``betacf`` with ``math.lgamma``), accurate to ~1e-14.
+    """
+    df = _check_df(df)
+    x = float(x)
+    if math.isnan(x):
+        return math.nan
+    half_tail = 0.5 * _t_two_sided(x, df)
+    return 1.0 - half_tail if x >= 0 else half_tail
+
+
+def t_quantile(q: float, df: int | float) -> float:
+    """The Student-t quantile: the ``t`` with ``t_cdf(t, df) = q``, ``0 < q < 1``.
+
+    ``t(0.5) = 0`` and ``t(1 - q) = -t(q)`` exactly; for ``q > 1/2`` the upper tail
+    ``I_{df/(df+t²)}(df/2, 1/2) / 2 = 1 - q`` is solved by bisection on ``t`` (bracket doubled from 1) to a
+    width of ``1e-12 * max(1, t)``. E.g. ``t_quantile(0.975, 9) = 2.262157163``.
+    """
+    df = _check_df(df)
+    q = float(q)
+    if not 0.0 < q < 1.0:
+        raise ValueError(f"`q` must be in (0, 1), got {q}")
+    if q == 0.5:
+        return 0.0
+    if q < 0.5:
+        return -t_quantile(1.0 - q, df)
+    target = 2.0 * (1.0 - q)  # two-sided tail P(|T| >= t), decreasing in t
+    lo, hi = 0.0, 1.0
+    while _t_two_sided(hi, df) > target:
+        lo, hi = hi, 2.0 * hi
+    while hi - lo > 1e-12 * max(1.0, hi):
+        mid = 0.5 * (lo + hi)
+        if mid in (lo, hi):
+            break
+        if _t_two_sided(mid, df) > target:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+def _differences(d: Any) -> np.ndarray:
+    """Paired differences as a finite 1-D float array (NaN or inf raise: drop them first)."""
+    x = np.asarray(d, dtype=float)
+    if x.ndim != 1:
+        raise ValueError(f"differences must be 1-D (one per pair), got shape {x.shape}")
+    if not np.isfinite(x).all():
+        raise ValueError(
+            "differences must be finite (drop NaN pairs, cap censored ones, e.g. paired_difference)"
+        )
+    return x
+
+
+def _check_tol(tol: float) -> float:
+    tol = float(tol)
+    if not (tol >= 0.0 and math.isfinite(tol)):
+        raise ValueError(f"`tol` must be finite and non-negative, got {tol}")
+    return tol
+
+
+def apply_tolerance(d: Any, tol: float) -> np.ndarray:
+    """A copy of the differences ``d`` (float array) with every ``|d_i| <= tol`` set to exactly ``0``.
+
+    ``tol = 0`` leaves values as they are (and turns ``-0.0`` into ``0.0``); NaN stays NaN.
+    """
+    tol = _check_tol(tol)
+    x = np.array(d, dtype=float)
+    x[np.abs(x) <= tol] = 0.0
+    return x
+
+
+def paired_t(d: Any, level: float = 0.95) -> tuple[float, float, float, float]:
+    """One-sample t interval and two-sided t-test p of paired differences: ``(mean, low, high, p)``.
+
+    ``mean ± t_{(1+level)/2, n-1} · sd / √n`` with ``sd`` the sample standard deviation (``ddof = 1``) and
+    ``p = 2 · (1 - t_cdf(|t|, n - 1))``, ``t = mean / (sd / √n)`` (computed as the incomplete beta
+    ``I_{(n-1)/(n-1+t²)}((n-1)/2, 1/2)``, so tiny p keep their digits). ``d`` must be finite. ``n < 2``:
+    ``low``, ``high`` and ``p`` are NaN (``mean`` is ``d[0]`` for ``n = 1``, NaN for ``n = 0``). All
+    ``d_i`` equal (``sd = 0``): the interval is ``[mean, mean]`` and ``p = 1`` if ``mean == 0`` else ``0``.
+    """
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"`level` must be in (0, 1), got {level}")
+    x = _differences(d)
+    n = int(x.size)
+    if n == 0:
+        return math.nan, math.nan, math.nan, math.nan
+    mean = float(np.mean(x))
+    if n < 2:
+        return mean, math.nan, math.nan, math.nan
+    if np.all(x == x[0]):
+        mean = float(x[0])
+        return mean, mean, mean, 1.0 if mean == 0 else 0.0
+    se = float(np.std(x, ddof=1)) / math.sqrt(n)
+    half = t_quantile((1.0 + level) / 2.0, n - 1) * se
+    p = _t_two_sided(mean / se, n - 1)
+    return mean, mean - half, mean + half, min(1.0, p)
+
+
+def signflip_p(d: Any, *, exact_max: int = 20, n_mc: int = 100_000, seed: int = 0) -> float:
+    """Two-sided sign-flip permutation test of the mean paired difference (distribution-free).
+
+    Under the null each difference is symmetric about 0, so its sign is a fair coin:
+    ``p = #{ε ∈ {±1}^n : |Σ ε_i d_i| >= |Σ d_i| - 1e-12 · Σ|d_i|} / 2^n``, all ``2^n`` flips enumerated
+    exactly for ``n <= exact_max`` (as sums of two halves, in bounded blocks), else Monte Carlo over
+    ``n_mc`` random flips from ``numpy.random.default_rng(seed)`` with ``p = (1 + count) / (1 + n_mc)``.
+    Zeros (ties) stay in and flip to themselves. ``d`` must be finite; ``n = 0`` gives 1. The smallest
+    exact ``p`` is ``2 / 2^n`` (0.0625 at ``n = 5``).
+    """
+    x = _differences(d)
+    n = int(x.size)
+    if int(exact_max) != exact_max or exact_max < 0:
+        raise ValueError(f"`exact_max` must be a non-negative integer, got {exact_max}")
+    if int(n_mc) != n_mc or n_mc < 1:
+        raise ValueError(f"`n_mc` must be a positive integer, got {n_mc}")
+    if n == 0:
+        return 1.0
+    threshold = abs(float(np.sum(x))) - 1e-12 * float(np.sum(np.abs(x)))
+    if n <= exact_max:
+        # every flip's sum is (a sum over the first half) + (a sum over the second half)
+        h = n // 2
+        first = _all_flip_sums(x[:h])
+        second = _all_flip_sums(x[h:])
+        rows = max(1, _BLOCK // second.size)
+        count = 0
+        for start in range(0, first.size, rows):
+            s = first[start : start + rows, None] + second[None, :]
+            count += int((np.abs(s) >= threshold).sum())
+        return count / 2.0**n
+    rng = np.random.default_rng(seed)
+    count = 0
+    rows = max(1, _BLOCK // n)
+    for start in range(0, int(n_mc), rows):
+        m = min(rows, int(n_mc) - start)
+        signs = rng.integers(0, 2, size=(m, n)) * 2 - 1
+        count += int((np.abs(signs @ x) >= threshold).sum())
+    return (1 + count) / (1 + int(n_mc))
+
+
+def _all_flip_sums(x: np.ndarray) -> np.ndarray:
+    """``Σ ε_i x_i`` for all ``2^len(x)`` sign vectors ``ε`` (``[0.]`` for an empty ``x``)."""
+    sums = np.zeros(1)
+    for v in x:
+        sums = np.concatenate([sums + v, sums - v])
+    return sums
+
+
+def _pvalues(pvalues: Sequence[float]) -> np.ndarray:
+    p = np.array(pvalues, dtype=float).reshape(-1)
+    ok = ~np.isnan(p)
+    if np.any((p[ok] < 0) | (p[ok] > 1)):
+        raise ValueError(f"p-values must be in [0, 1] (or NaN), got {p[ok][(p[ok] < 0) | (p[ok] > 1)][:5]}")
+    return p
+
+
+def holm(pvalues: Sequence[float]) -> np.ndarray:
+    """Holm's step-down adjusted p-values (family-wise error), in the order given.
+
+    With the ``m`` non-NaN p sorted ``p_(1) <= ... <= p_(m)``:
+    ``p̃_(i) = max_{j <= i} min(1, (m - j + 1) · p_(j))``. NaN entries stay NaN and do not count in ``m``.
+    E.g. ``[0.01, 0.04, 0.03, 0.005] -> [0.03, 0.06, 0.06, 0.02]``.
+    """
+    p = _pvalues(pvalues)
+    out = p.copy()
+    ok = np.flatnonzero(~np.isnan(p))
+    m = ok.size
+    if m:
+        order = ok[np.argsort(p[ok], kind="stable")]
+        adj = np.minimum(1.0, (m - np.arange(m)) * p[order])
+        out[order] = np.maximum.accumulate(adj)
+    return out
+
+
+def benjamini_hochberg(pvalues: Sequence[float]) -> np.ndarray:
+    """Benjamini-Hochberg step-up adjusted p-values (false discovery rate), in the order given.
+
+    With the ``m`` non-NaN p sorted ``p_(1) <= ... <= p_(m)``:
+    ``p̃_(i) = min_{j >= i} min(1, m · p_(j) / j)``. NaN entries stay NaN and do not count in ``m``.
+    E.g. ``[0.01, 0.04, 0.03, 0.005] -> [0.02, 0.04, 0.04, 0.02]``.
+    """
+    p = _pvalues(pvalues)
+    out = p.copy()
+    ok = np.flatnonzero(~np.isnan(p))
+    m = ok.size
+    if m:
+        order = ok[np.argsort(p[ok], kind="stable")]
+        adj = np.minimum(1.0, m * p[order] / np.arange(1, m + 1))
+        out[order] = np.minimum.accumulate(adj[::-1])[::-1]
+    return out
+
+
+DIRECTIONS = ("lower", "higher")
+
+
+def decide(d: Any, direction: str, *, alpha: float = 0.05, tol: float = 0.0) -> dict[str, Any]:
+    """The decision rule for a predicted paired difference ``d`` (``arm - baseline`` per seed).
+
+    ``direction``: the prediction, ``"lower"`` (``mean < 0``) or ``"higher"`` (``mean > 0``). Differences
+    with ``|d_i| <= tol`` become exact ties (``apply_tolerance``); then ``(mean, low, high, p) =
+    paired_t(d, level=1 - alpha)``, so the interval excludes 0 exactly when ``p < alpha``. ``side`` is
+    ``"tie"`` when ``|mean| <= tol`` (or no pair), else ``"predicted"`` when the mean has the predicted sign
+    and ``"opposite"`` otherwise. The prediction holds when ``side == "predicted"`` and ``p < alpha``; it
+    is contradicted when ``side == "opposite"`` and ``p < alpha``; otherwise it is not resolved.
+
+    Why the t test decides: it is exact for normal differences at any ``n`` (and close to its level for
+    heavier-tailed ones, see the tests), while the exact sign-flip test cannot go below ``2 / 2^n``: at
+    ``n = 5`` its smallest p is 0.0625, so it could never reject at 0.05. The sign-flip p is returned as
+    ``perm_p``, a distribution-free check (``signflip_p``). Returns
+    ``{"n", "mean", "low", "high", "p", "perm_p", "side"}``.
+    """
+    if direction not in DIRECTIONS:
+        raise ValueError(f"`direction` must be one of {DIRECTIONS}, got {direction!r}")
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"`alpha` must be in (0, 1), got {alpha}")
+    x = apply_tolerance(_differences(d), tol)
+    mean, low, high, p = paired_t(x, level=1.0 - alpha)
+    if x.size == 0 or abs(mean) <= tol:
+        side = "tie"
+    elif (mean < 0) == (direction == "lower"):
+        side = "predicted"
+    else:
+        side = "opposite"
+    return {
+        "n": int(x.size),
+        "mean": mean,
+        "low": low,
+        "high": high,
+        "p": p,
+        "perm_p": signflip_p(x),
+        "side": side,
+    }
+
+
+# --------------------------------------------------------------------------------------------------
 # public API
 
 
@@ -316,6 +657,7 @@ def paired_difference(
     seed: int = 0,
     horizon: float | None = None,
     nan_policy: str = "omit",
+    tol: float = 0.0,
 ) -> PairedDifference:
     """Per-seed paired differences ``arm - baseline``: mean, bootstrap CI, sign-test and bootstrap p.
 
@@ -323,9 +665,12 @@ def paired_difference(
     equal) or both 1-D arrays of equal length aligned by seed. A pair with a NaN on either side is dropped
     and counted (``nan_policy='omit'``) or raises (``'raise'``). For a censored measure (``+inf`` = never
     reached) pass the shared run length as ``horizon``: never-reached seeds count as ``horizon`` on both
-    sides, so a both-censored pair is a tie. The tests are described in the module docstring.
+    sides, so a both-censored pair is a tie. ``tol``: a difference with ``|d_s| <= tol`` is an exact tie
+    (``d_s = 0``) for the sign test, the mean, the CI and the p-values; a pair where exactly one side never
+    reached keeps its known sign. The tests are described in the module docstring.
     """
     _check_args(level, n_boot, nan_policy)
+    tol = _check_tol(tol)
     if isinstance(arm, Mapping) != isinstance(baseline, Mapping):
         raise TypeError(
             "`arm` and `baseline` must both be mappings seed -> value (matched by seed id) or both "
@@ -355,11 +700,13 @@ def paired_difference(
     b, _ = _censor("baseline", b_raw, horizon)
     seeds = [s for s, k in zip(seeds, keep, strict=True) if k]
     n_dropped = int((~keep).sum())
-    d = a - b
+    d = apply_tolerance(a - b, tol)
     n = int(d.size)
     # signs from the uncensored values: a seed that reached (even exactly at the horizon) is faster than one
-    # that never did (+inf), and two never-reached seeds tie
-    n_pos, n_neg = int((a_raw > b_raw).sum()), int((a_raw < b_raw).sum())
+    # that never did (+inf), and two never-reached seeds tie; two reached seeds within `tol` tie
+    with np.errstate(invalid="ignore"):
+        tied = np.isfinite(a_raw) & np.isfinite(b_raw) & (np.abs(a_raw - b_raw) <= tol)
+    n_pos, n_neg = int(((a_raw > b_raw) & ~tied).sum()), int(((a_raw < b_raw) & ~tied).sum())
     n_ties = n - n_pos - n_neg
     sign_p = sign_test(n_pos, n_neg)
     if n == 0:

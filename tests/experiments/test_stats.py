@@ -8,6 +8,7 @@ and the 95 % percentile CI is [0, 3] (P(k = 0) = 8/27 > 2.5 %, P(k = 3) = 1/27 >
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -16,13 +17,21 @@ import pytest
 from experiments.stats import (
     BootstrapCI,
     SummaryRow,
+    apply_tolerance,
+    benjamini_hochberg,
     bootstrap_ci,
+    decide,
     fmt_p,
     fmt_value,
+    holm,
     markdown_table,
     paired_difference,
+    paired_t,
     sign_test,
+    signflip_p,
     summarize_arms,
+    t_cdf,
+    t_quantile,
 )
 
 # --------------------------------------------------------------------------------------------------
@@ -396,3 +405,179 @@ def test_an_arm_on_fewer_seeds_pairs_on_the_common_ones() -> None:
     abl = next(r for r in rows if r.arm == "abl")
     assert abl.n == 3 and abl.n_pairs == 3
     assert abl.diff == (1.0 + 2.0 + 0.0) / 3  # seed 3 has no partner
+
+
+# --------------------------------------------------------------------------------------------------
+# small samples and multiplicity
+
+
+@pytest.mark.parametrize(
+    ("q", "df", "t"),
+    [
+        (0.975, 4, 2.776445105),
+        (0.975, 9, 2.262157163),
+        (0.975, 19, 2.093024054),
+        (0.975, 1, 12.70620474),
+        (0.95, 29, 1.699127027),
+    ],
+)
+def test_t_quantile_textbook_values(q, df, t):
+    assert t_quantile(q, df) == pytest.approx(t, abs=5e-9)
+    assert t_quantile(1 - q, df) == -t_quantile(q, df)
+    assert t_cdf(t_quantile(q, df), df) == pytest.approx(q, abs=1e-12)
+
+
+def test_t_distribution_closed_forms():
+    for df in (1, 2.5, 7, 1000):
+        assert t_quantile(0.5, df) == 0.0
+        assert t_cdf(0.0, df) == pytest.approx(0.5, abs=1e-15)
+    # df = 1 is the Cauchy: F(x) = 1/2 + atan(x)/π, quantile tan(π (q − 1/2))
+    for x in (-30.0, -1.0, 0.3, 4.0):
+        assert t_cdf(x, 1) == pytest.approx(0.5 + math.atan(x) / math.pi, abs=1e-14)
+    assert t_quantile(0.99, 1) == pytest.approx(math.tan(math.pi * 0.49), rel=1e-11)
+    # df = 2: F(x) = 1/2 + x / (2 √(2 + x²))
+    for x in (-3.0, 0.5, 2.0):
+        assert t_cdf(x, 2) == pytest.approx(0.5 + x / (2 * math.sqrt(2 + x * x)), abs=1e-14)
+    # large df approaches the normal's 1.959964
+    assert t_quantile(0.975, 1e6) == pytest.approx(1.959964, abs=1e-5)
+    assert t_quantile(0.975, math.inf) == pytest.approx(1.959963985, abs=1e-9)
+    with pytest.raises(ValueError):
+        t_quantile(1.0, 3)
+    with pytest.raises(ValueError):
+        t_cdf(1.0, 0)
+
+
+def test_paired_t_by_hand():
+    # d = (1, 2, 3, 4, 5): mean 3, sd √2.5, se √0.5, t = 3/√0.5 = 4.2426, df 4
+    mean, low, high, p = paired_t([1.0, 2.0, 3.0, 4.0, 5.0])
+    half = 2.776445105 * math.sqrt(0.5)
+    assert (mean, low, high) == pytest.approx((3.0, 3.0 - half, 3.0 + half), abs=1e-8)
+    assert p == pytest.approx(2 * (1 - t_cdf(3 / math.sqrt(0.5), 4)), rel=1e-10)
+    assert p == pytest.approx(0.013236, abs=1e-6)
+    # the 95 % interval excludes 0 exactly when p < 0.05
+    for d in ([0.3, -0.1, 0.5, 0.2], [0.3, -0.4, 0.5, 0.2], [-2.0, -1.0, -1.5]):
+        _, low, high, p = paired_t(d)
+        assert (p < 0.05) == (not low <= 0 <= high)
+
+
+def test_paired_t_edge_cases():
+    assert all(math.isnan(v) for v in paired_t([]))
+    mean, low, high, p = paired_t([2.0])
+    assert mean == 2.0 and math.isnan(low) and math.isnan(high) and math.isnan(p)
+    assert paired_t([0.0, 0.0, 0.0]) == (0.0, 0.0, 0.0, 1.0)
+    assert paired_t([0.1, 0.1, 0.1]) == (0.1, 0.1, 0.1, 0.0)
+    with pytest.raises(ValueError):
+        paired_t([1.0, math.nan])
+
+
+def _signflip_by_loop(d):
+    total = abs(sum(d))
+    scale = sum(abs(v) for v in d)
+    flips = list(itertools.product((1, -1), repeat=len(d)))
+    hits = sum(abs(sum(e * v for e, v in zip(eps, d, strict=True))) >= total - 1e-12 * scale for eps in flips)
+    return hits / len(flips)
+
+
+@pytest.mark.parametrize(
+    "d",
+    [
+        [0.5, 1.2, -0.3, 2.0, 0.7, -0.1],
+        [1.0, 2.0, 3.0, -1.0, -2.0, 0.0],  # ties at the observed |Σ| and a zero
+        [0.25, -1.5, 0.75, 0.1, 3.0, 0.4],
+    ],
+)
+def test_signflip_p_matches_a_plain_loop(d):
+    assert signflip_p(d) == _signflip_by_loop(d)
+
+
+def test_signflip_p_by_hand_and_monte_carlo():
+    assert signflip_p([1.0, 2.0, 0.5, 3.0, 0.1]) == 2 / 32  # only all-+ and all-− reach |Σ|
+    assert signflip_p([0.0, 0.0, 0.0, 0.0]) == 1.0
+    assert signflip_p([]) == 1.0
+    d = np.random.default_rng(3).normal(0.3, 1.0, size=14)
+    exact = signflip_p(d)
+    mc = signflip_p(d, exact_max=10, n_mc=40_000, seed=1)
+    assert mc == pytest.approx(exact, abs=0.01)
+    assert mc == signflip_p(d, exact_max=10, n_mc=40_000, seed=1)
+    # n = 25 (Monte Carlo by default) all positive: p = (1 + #{all-+ or all-−}) / (1 + n_mc), near 1/(1+n_mc)
+    assert signflip_p(np.arange(1.0, 26.0), n_mc=10_000) <= 3 / 10_001
+
+
+def test_tolerance_makes_float_noise_a_tie():
+    assert apply_tolerance([1e-15, -2e-10, 0.5, -0.0], 1e-9).tolist() == [0.0, 0.0, 0.5, 0.0]
+    with pytest.raises(ValueError):
+        apply_tolerance([1.0], -1.0)
+    base = np.linspace(0.1, 3.0, 30)
+    noisy = base + 1e-15 * (1 + base)  # all 30 differences tiny (float noise) and positive
+    assert np.all(noisy - base > 0)
+    r0 = paired_difference(noisy, base, n_boot=200)
+    assert r0.n_pos == 30 and r0.sign_p < 1e-8  # 2 · 2^-30 without a tolerance
+    r = paired_difference(noisy, base, n_boot=200, tol=1e-9)
+    assert (r.n_pos, r.n_neg, r.n_ties) == (0, 0, 30)
+    assert (r.sign_p, r.boot_p, r.mean, r.low, r.high) == (1.0, 1.0, 0.0, 0.0, 0.0)
+    assert np.all(r.differences == 0.0)
+    assert paired_t(r.differences)[3] == 1.0 and signflip_p(r.differences) == 1.0
+    # a real difference survives the tolerance; a censored pair keeps its known sign
+    r = paired_difference([5.0, math.inf, 3.0], [2.0, 10.0, 3.0 + 1e-12], horizon=10.0, n_boot=200, tol=1e-9)
+    assert (r.n_pos, r.n_neg, r.n_ties) == (2, 0, 1)
+    assert r.differences.tolist() == [3.0, 0.0, 0.0]
+
+
+def test_holm_and_benjamini_hochberg_by_hand():
+    p = [0.01, 0.04, 0.03, 0.005]
+    # sorted 0.005, 0.01, 0.03, 0.04: Holm ×4, ×3, ×2, ×1 = 0.02, 0.03, 0.06, 0.04 → running max
+    np.testing.assert_allclose(holm(p), [0.03, 0.06, 0.06, 0.02], rtol=1e-12)
+    # BH m·p/i = 0.02, 0.02, 0.04, 0.04 → running min from the largest
+    np.testing.assert_allclose(benjamini_hochberg(p), [0.02, 0.04, 0.04, 0.02], rtol=1e-12)
+    # capped at 1, NaN passed through and not counted (m = 3)
+    np.testing.assert_allclose(holm([0.5, math.nan, 0.01, 0.2]), [0.5, math.nan, 0.03, 0.4], rtol=1e-12)
+    np.testing.assert_allclose(holm([0.6, 0.7]), [1.0, 1.0])
+    np.testing.assert_allclose(
+        benjamini_hochberg([0.5, math.nan, 0.01, 0.2]), [0.5, math.nan, 0.03, 0.3], rtol=1e-12
+    )
+    assert holm([]).size == 0 and benjamini_hochberg([]).size == 0
+    with pytest.raises(ValueError):
+        holm([1.5])
+
+
+def test_decide():
+    d = [-1.0, -2.0, -1.5, -0.5, -1.2]
+    r = decide(d, "lower")
+    assert set(r) == {"n", "mean", "low", "high", "p", "perm_p", "side"}
+    assert r["side"] == "predicted" and r["n"] == 5 and r["p"] < 0.05 and r["high"] < 0
+    assert r["perm_p"] == 0.0625  # the smallest exact sign-flip p at n = 5: it could not reject at 0.05
+    assert decide(d, "higher")["side"] == "opposite"
+    assert decide([1e-12, -3e-12, 2e-12], "lower", tol=1e-9)["side"] == "tie"
+    assert decide([1e-12, -3e-12, 2e-12], "lower", tol=1e-9)["p"] == 1.0
+    # alpha sets the interval's level, so the interval excludes 0 exactly when p < alpha
+    r = decide([0.3, 0.1, 0.5, -0.05, 0.2, 0.25], "higher", alpha=0.01)
+    assert (r["p"] < 0.01) == (not r["low"] <= 0 <= r["high"])
+    with pytest.raises(ValueError):
+        decide(d, "smaller")
+
+
+def test_type_one_error_of_the_t_rule_and_of_the_small_n_bootstrap():
+    """The rule ``paired_t p < 0.05`` under a true difference of 0 rejects about 5 % of the time at n = 5,
+    10, 20 (exactly 5 % for normal differences; for Laplace differences it is conservative at n = 5,
+    about 3.4 % in 400,000 replicates, hence the lower bound 0.02 there). The percentile bootstrap CI of
+    ``paired_difference`` at n = 5 excludes 0 in about 15-19 % of samples (its quantiles ignore the
+    t-factor for small n), which is why small-n decisions use the t test."""
+    rng = np.random.default_rng(20240611)
+    reps = 4000
+    for dist in ("normal", "laplace"):
+        for n in (5, 10, 20):
+            x = rng.standard_normal((reps, n)) if dist == "normal" else rng.laplace(size=(reps, n))
+            t = x.mean(axis=1) / (x.std(axis=1, ddof=1) / math.sqrt(n))
+            # p < 0.05 ⇔ |t| > t_{0.975, n-1} (p decreases in |t|); checked against paired_t on some rows
+            reject = np.abs(t) > t_quantile(0.975, n - 1)
+            for i in range(60):
+                assert (paired_t(x[i])[3] < 0.05) == reject[i]
+            lower = 0.03 if dist == "normal" else 0.02
+            assert lower <= reject.mean() <= 0.07, (dist, n, reject.mean())
+    reps = 1000
+    excludes = 0
+    for i in range(reps):
+        d = rng.standard_normal(5)
+        r = paired_difference(d, np.zeros(5), n_boot=1000, seed=i)
+        excludes += not r.low <= 0 <= r.high
+    assert excludes / reps > 0.09
