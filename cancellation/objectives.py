@@ -11,7 +11,8 @@ Every objective has the signature::
 - ``group``: (B,) integer prompt id of each completion.
 
 ``loss`` is the negative objective (minimising it ascends J); ``metrics`` is a flat dict of floats
-with the same keys for every objective (see ``METRIC_KEYS``).
+with the same keys for every objective (see ``METRIC_KEYS``). The clip range ``epsilon_low`` /
+``epsilon_high`` (grpo, gspo, dfpo) is a float or a (B,) tensor, one ε per row (elementwise).
 
 An objective is built in three separate layers (docs/DESIGN.md): weights (token ratios r, sequence ratio
 s, clipping), an optional group transform (``transforms``), and aggregation (``aggregation``).
@@ -88,10 +89,13 @@ def sequence_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, length_norm
     return _masked_mean(log_r, mask) if length_norm else log_r.sum(-1)
 
 
-def sign_aware_clip(weights: Tensor, advantages: Tensor, epsilon_low: float, epsilon_high: float) -> Tensor:
+def sign_aware_clip(
+    weights: Tensor, advantages: Tensor, epsilon_low: float | Tensor, epsilon_high: float | Tensor
+) -> Tensor:
     """The sign-aware post-clip weight s̄ (DFPO eq. 47), elementwise.
 
-    min(w·A, clip(w)·A) == A·s̄ exactly for both signs of A (eq. 48–49).
+    min(w·A, clip(w)·A) == A·s̄ exactly for both signs of A (eq. 48–49). The ε may be floats or
+    tensors broadcastable to ``weights`` (both of the same kind, as ``_eps`` returns them).
     """
     # DFPO eq. (46): c = clip(w, 1 − ε_low, 1 + ε_high)
     clipped = weights.clamp(1.0 - epsilon_low, 1.0 + epsilon_high)
@@ -152,12 +156,40 @@ def _validate(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, 
     check_finite("old_logp", torch.where(mask.bool(), old_logp, torch.zeros_like(old_logp)))
 
 
-def _eps(params: dict[str, Any], low: float, high: float) -> tuple[float, float]:
-    e_low = float(params.pop("epsilon_low", low))
-    e_high = float(params.pop("epsilon_high", high))
-    if not (0.0 <= e_low < 1.0) or e_high < 0.0:
-        raise ValueError(f"clip range needs 0 ≤ epsilon_low < 1 and epsilon_high ≥ 0, got {e_low}, {e_high}")
-    return e_low, e_high
+def _eps(
+    params: dict[str, Any], low: float, high: float, logp: Tensor
+) -> tuple[float, float] | tuple[Tensor, Tensor]:
+    """The clip range: two floats, or two (B,) tensors, one ε per row, when either is given as a 1-D tensor.
+
+    Per-row ε lets one flat batch hold rows with different clip ranges (the batched toy's per-seed ε);
+    the other is then broadcast to (B,). Use ``_col`` to apply them to (B, T) or (B, 1) tensors.
+    """
+    e_low, e_high = params.pop("epsilon_low", low), params.pop("epsilon_high", high)
+    if not any(isinstance(e, Tensor) and e.dim() > 0 for e in (e_low, e_high)):
+        e_low, e_high = float(e_low), float(e_high)
+        if not (0.0 <= e_low < 1.0) or e_high < 0.0:
+            raise ValueError(
+                f"clip range needs 0 ≤ epsilon_low < 1 and epsilon_high ≥ 0, got {e_low}, {e_high}"
+            )
+        return e_low, e_high
+    b = logp.shape[0]
+    rows = []
+    for name, e in (("epsilon_low", e_low), ("epsilon_high", e_high)):
+        e = torch.as_tensor(e, dtype=logp.dtype, device=logp.device).detach()
+        if e.dim() > 1 or (e.dim() == 1 and e.shape[0] != b):
+            raise ValueError(
+                f"`{name}` must be a number or a (B,) tensor with B={b}, got shape {tuple(e.shape)}"
+            )
+        rows.append(e.expand(b))
+    lo, hi = rows
+    if not (bool(((lo >= 0.0) & (lo < 1.0)).all()) and bool((hi >= 0.0).all())):
+        raise ValueError("clip range needs 0 ≤ epsilon_low < 1 and epsilon_high ≥ 0 in every row")
+    return lo, hi
+
+
+def _col(eps: float | Tensor) -> float | Tensor:
+    """A per-row (B,) ε as a (B, 1) column (broadcasts over the tokens); a float as it is."""
+    return eps[:, None] if isinstance(eps, Tensor) else eps
 
 
 def _finish(
@@ -249,7 +281,8 @@ def grpo(
     Params: ``epsilon_low`` (0.2), ``epsilon_high`` (0.2; DAPO uses 0.28), ``beta``, ``ref_logp``,
     ``norm_constant``.
     """
-    e_low, e_high = _eps(params, 0.2, 0.2)
+    e_low, e_high = _eps(params, 0.2, 0.2, logp)
+    e_low, e_high = _col(e_low), _col(e_high)  # per-row ε broadcast over the tokens
     adv = advantages if advantages.dim() == 2 else advantages[:, None]
     log_r = _log_ratio(logp, old_logp, mask)
     ratio = log_r.exp()
@@ -368,7 +401,7 @@ def gspo(
 
     With (B, T) advantages (``ppo_clip`` only), each token's term is min(s·A_t, clip(s)·A_t).
     """
-    e_low, e_high = _eps(params, 3e-4, 4e-4)
+    e_low, e_high = _eps(params, 3e-4, 4e-4, logp)
     length_norm = bool(params.pop("length_norm", True))
     estimator = _estimator(params, "ppo_clip")
     m, s, token_ratio = _sequence_weights(logp, old_logp, mask, length_norm)
@@ -384,7 +417,7 @@ def gspo(
     else:
         adv = advantages if advantages.dim() == 2 else advantages[:, None]
         s_tok = s[:, None]
-        clipped = s_tok.clamp(1.0 - e_low, 1.0 + e_high)
+        clipped = s_tok.clamp(1.0 - _col(e_low), 1.0 + _col(e_high))
         # DFPO eq. (42): min(s_i·Â_i, clip(s_i, 1 − ε, 1 + ε)·Â_i), broadcast to the tokens of sequence i
         obj = torch.minimum(s_tok * adv, clipped * adv).expand_as(logp)
 
@@ -408,8 +441,8 @@ def dfpo_weights(
     group: Tensor,
     *,
     transform: str = "min_replace",
-    epsilon_low: float = 3e-4,
-    epsilon_high: float = 4e-4,
+    epsilon_low: float | Tensor = 3e-4,
+    epsilon_high: float | Tensor = 4e-4,
     length_norm: bool = True,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """DFPO's weights of one batch: ``(s, s̄, s̃)``, each (B,), differentiable as far as the math is.
@@ -479,7 +512,7 @@ def dfpo(
             "group's advantage vector; per-token (B, T) advantages (Advantage Reweighting) work with grpo, "
             "grpo_symclip and gspo"
         )
-    e_low, e_high = _eps(params, 3e-4, 4e-4)
+    e_low, e_high = _eps(params, 3e-4, 4e-4, logp)
     length_norm = bool(params.pop("length_norm", True))
     transform = str(params.pop("transform", "min_replace"))
     estimator = _estimator(params, "paper")

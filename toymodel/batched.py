@@ -22,14 +22,29 @@ rounding (tested to 1e-6 on ``template_task`` and ``equivalent_solutions``):
   ``token_count=1`` (a plain sum) and each seed's coefficients are then divided by that seed's own token
   count. The seeds share no parameters, so the gradient of Σ_seeds loss_seed with respect to one seed's
   logits is that seed's own gradient;
-- the backward to the logits is ``TabularPolicy.logits_grad``'s closed form, batched over seeds, and the
-  optimiser is plain SGD (``p ← p − lr·g``, ``torch.optim.SGD``'s arithmetic);
+- the backward to the logits is ``TabularPolicy.logits_grad``'s closed form, batched over seeds;
+- the optimiser, per seed with its own learning rate ``lr[s]``: plain SGD (``p ← p − lr[s]·g``,
+  ``torch.optim.SGD``'s arithmetic) or Adam (``torch.optim.Adam``'s defaults and arithmetic, as
+  ``simulate`` uses it: per-seed first and second moments, β = (0.9, 0.999), bias correction, ε = 1e-8;
+  every seed takes every optimiser step, so one step count serves all seeds);
+- per-seed hyper-parameters: ``lr`` and the clip range ``epsilon_low`` / ``epsilon_high`` may each be a
+  number or one value per seed (a 1-D tensor or sequence of length S). A per-seed ε is expanded to one ε
+  per row of the flat batch (rows are seed-major), which the objectives take elementwise; so one call
+  can sweep a hyper-parameter (S = values × seeds) and each seed still equals ``simulate`` at its own
+  values;
 - exact statistics by enumeration as ``TabularPolicy.stats``, with the trajectory log-probabilities as
   one matrix product (S, C·K) @ (C·K, N) instead of a gather.
 
 Exact shortcut (as ``simulate``'s): a seed whose advantages are all 0 this step has an exactly zero
 gradient under plain SGD without a KL term, so only the seeds with a learning signal enter the flat
-batch (its residuals are NaN, as in ``simulate``).
+batch (its residuals are NaN, as in ``simulate``). Under Adam there is no shortcut (as in ``simulate``):
+a zero gradient still moves the parameters through the moments, so every seed takes every step.
+
+Shared code: the cancellation meter and the query-preserved split are inline here, not
+``cancellation.update.CancellationMeter`` / ``minibatches``: the meter keeps Python-float totals of one
+batch (per-seed totals would need one meter per seed, a Python loop with a sync per optimiser step),
+and ``minibatches`` splits one seed's batch at a time, ~1 ms per seed-step against ~30 µs for the
+seeds' own ``torch.randperm`` draws that the batched split is built from (tested equal to ``simulate``).
 
 Returned keys (``BATCHED_KEYS``): ``step``, ``updated`` (always 1), ``buffer_groups`` (always 0),
 ``sampled_reward``, ``expected_reward``, ``entropy``, ``equiv_entropy``, ``equiv_log_odds``,
@@ -39,9 +54,13 @@ Returned keys (``BATCHED_KEYS``): ``step``, ``updated`` (always 1), ``buffer_gro
 ``clip/*``, ``ratio/*``, ...) are not computed: ``seed_rows`` fills them with NaN; use ``simulate`` when
 you need them.
 
-Not supported (each raises a ValueError that points to ``simulate``): Adam, random mini-batches,
-reward-balanced batching, Lopti, Advantage Reweighting, a KL term (``beta``), and the trainer's
-``token_count``/``seq_count``.
+Supported: the objectives ``grpo``, ``grpo_symclip``, ``gspo``, ``dfpo`` with their parameters, SGD and
+Adam, per-seed ``lr`` / ``epsilon_low`` / ``epsilon_high``, ``num_groups``, query-preserved mini-batches
+(``num_minibatches``), ``adv_scale``, ``aggregation``, ``init_logits``.
+
+Not supported (each raises a ValueError that points to ``simulate``): random mini-batches,
+reward-balanced batching, Lopti, Advantage Reweighting, a KL term (``beta``), the trainer's
+``token_count``/``seq_count``, and per-seed values of any other parameter.
 """
 
 from __future__ import annotations
@@ -59,16 +78,41 @@ from cancellation.update import NOISE, RESIDUAL_KEYS, coefficients
 
 from .policy import TabularPolicy
 from .scenarios import Scenario, get_scenario
-from .simulate import DEFAULT_LR, ROW_KEYS, STEP_KEYS, _check_int
+from .simulate import DEFAULT_LR, OPTIMIZERS, ROW_KEYS, STEP_KEYS, _check_int
 
 #: The keys ``simulate_seeds`` computes (each a (S, steps) float64 tensor in its result).
 BATCHED_KEYS: tuple[str, ...] = (*STEP_KEYS, "zero_adv_group_frac")
+
+#: The parameters that may be given per seed (a 1-D tensor or sequence of length S).
+PER_SEED_PARAMS: tuple[str, ...] = ("lr", "epsilon_low", "epsilon_high")
+
+# torch.optim.Adam's defaults (what ``simulate`` uses)
+_ADAM_BETAS = (0.9, 0.999)
+_ADAM_EPS = 1e-8
 
 
 def _unsupported(name: str, why: str) -> ValueError:
     return ValueError(
         f"simulate_seeds does not support {name} ({why}); run those seeds with toymodel.simulate.simulate"
     )
+
+
+def _per_seed(name: str, value: Any, n_seeds: int) -> Tensor | None:
+    """``value`` as an (S,) float64 tensor if it holds one value per seed; None if it is a single number."""
+    if isinstance(value, Tensor):
+        t = value.detach().to("cpu", torch.float64)
+    elif isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
+        return None  # a number (or a non-numeric parameter such as ``transform``)
+    else:
+        t = torch.as_tensor(value, dtype=torch.float64)
+    if t.dim() == 0:
+        return None
+    if t.dim() != 1 or t.shape[0] != n_seeds:
+        raise ValueError(
+            f"`{name}` has shape {tuple(t.shape)} but there are {n_seeds} seeds: give a single number or "
+            f"one value per seed (a 1-D tensor or sequence of length {n_seeds})"
+        )
+    return t
 
 
 def _default_aggregation(objective: str) -> str:
@@ -145,7 +189,7 @@ def simulate_seeds(
     seeds: Sequence[int] | int,
     steps: int = 200,
     group_size: int = 8,
-    lr: float | None = None,
+    lr: float | Sequence[float] | Tensor | None = None,
     inner_epochs: int = 4,
     *,
     num_groups: int = 1,
@@ -164,29 +208,33 @@ def simulate_seeds(
 ) -> dict[str, Tensor]:
     """Train one tabular policy per seed with ``objective``, all seeds as one batched computation.
 
-    Per seed the rows equal ``simulate(scenario, objective, steps, group_size, lr, "sgd", inner_epochs,
-    seed, num_groups=..., num_minibatches=..., ...)`` to rounding (see the module docstring).
+    Per seed the rows equal ``simulate(scenario, objective, steps, group_size, lr[s], optimizer,
+    inner_epochs, seed, num_groups=..., num_minibatches=..., ...)`` to rounding (see the module docstring).
 
     Args:
         scenario: a ``Scenario`` or its name.
         objective: ``grpo``, ``grpo_symclip``, ``gspo`` or ``dfpo`` (any registered objective).
         seeds: the seeds (ints), or a count S meaning ``range(S)``.
-        steps, group_size, lr, inner_epochs, num_groups, num_minibatches, adv_scale, aggregation,
-            init_logits: as in ``simulate`` (``lr`` defaults to ``DEFAULT_LR["sgd"]``).
+        steps, group_size, inner_epochs, num_groups, num_minibatches, adv_scale, aggregation,
+            init_logits: as in ``simulate``.
+        lr: a number, or one per seed (a 1-D tensor or sequence of length S, row s for ``seeds[s]``);
+            ``DEFAULT_LR[optimizer]`` when None.
         batching: only ``"query"`` (query-preserved mini-batches).
-        optimizer: only ``"sgd"``.
+        optimizer: ``"sgd"`` (no momentum) or ``"adam"`` (``torch.optim.Adam``'s defaults), as ``simulate``.
         reward_balanced_rho, lopti_eta, ar_alpha: must be None (not supported; use ``simulate``).
         residuals: compute the three residuals (the cancellation meter); False skips them (NaN).
         return_samples: also return ``"samples"``, the (S, steps, B) long trajectory indices drawn at every
             step (row-aligned with ``simulate``'s batch: group g holds columns g·G ... g·G + G − 1).
-        **objective_params: passed to the objective (``transform``, ``estimator``, ``epsilon_low``, ...).
+        **objective_params: passed to the objective (``transform``, ``estimator``, ``epsilon_low``, ...);
+            ``epsilon_low`` / ``epsilon_high`` may be one value per seed, like ``lr``.
     Returns:
         a dict: ``"seed"`` → (S,) long tensor of the seeds, and each key of ``BATCHED_KEYS`` → a (S, steps)
         float64 tensor (row s is seed ``seeds[s]``), and ``"samples"`` with ``return_samples``.
         ``seed_rows`` turns one seed into ``simulate``'s rows.
     """
-    if optimizer != "sgd":
-        raise _unsupported(f"optimizer={optimizer!r}", "only plain SGD is batched")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
+    adam = optimizer == "adam"
     if batching != "query":
         raise _unsupported(f"batching={batching!r}", "only query-preserved mini-batches are batched")
     for name, value in (
@@ -224,11 +272,26 @@ def simulate_seeds(
             f"`num_minibatches`={num_minibatches} is more than the {num_groups} groups of a step "
             f"(query-preserved mini-batches keep groups whole); use num_minibatches ≤ num_groups"
         )
-    lr = DEFAULT_LR["sgd"] if lr is None else float(lr)
-    if not (lr > 0.0 and math.isfinite(lr)):
-        raise ValueError(f"`lr` must be a finite number > 0, got {lr}")
+    n_seeds = len(seed_list)
+    lr = DEFAULT_LR[optimizer] if lr is None else lr
+    lr_seed = _per_seed("lr", lr, n_seeds)  # (S,) the learning rate of each seed
+    if lr_seed is None:
+        lr_seed = torch.full((n_seeds,), float(lr), dtype=torch.float64)
+    if not bool((torch.isfinite(lr_seed) & (lr_seed > 0.0)).all()):
+        raise ValueError(f"`lr` must be finite and > 0 (for every seed), got {lr}")
     agg = aggregation if aggregation is not None else _default_aggregation(objective)
     loss_kwargs = dict(objective_params)
+    eps_seed: dict[str, Tensor] = {}  # per-seed clip ranges, expanded to the rows of every mini-batch
+    for name, value in objective_params.items():
+        per = _per_seed(name, value, n_seeds) if not isinstance(value, str) else None
+        if per is None:
+            continue
+        if name not in PER_SEED_PARAMS:
+            raise _unsupported(
+                f"a per-seed `{name}`", f"only {', '.join(PER_SEED_PARAMS)} may take one value per seed"
+            )
+        eps_seed[name] = per
+        del loss_kwargs[name]
     loss_kwargs["aggregation"] = agg
     token_mean = agg == "token-mean"
 
@@ -236,9 +299,12 @@ def simulate_seeds(
     policy: TabularPolicy = sc.policy()
     init = sc.initial_logits() if init_logits is None else init_logits.detach().clone().to(policy.dtype)
     policy.check_logits(init)
-    n_seeds, c_n, k_n = len(seed_list), policy.C, policy.K
+    c_n, k_n = policy.C, policy.K
     ck = c_n * k_n
     logits = init.expand(n_seeds, c_n, k_n).contiguous()  # (S, C, K) the parameters
+    if adam:  # torch.optim.Adam's state, per seed; every seed steps together, so one step count
+        exp_avg, exp_avg_sq, adam_steps = torch.zeros_like(logits), torch.zeros_like(logits), 0
+        beta1, beta2 = _ADAM_BETAS
     exact = _Exact(policy, init, sc.template_context_ids())
     gens = [torch.Generator().manual_seed(s) for s in seed_list]
     batch = num_groups * group_size
@@ -304,11 +370,16 @@ def simulate_seeds(
                 -1
             ]
 
-        # the exact shortcut: only the seeds with a non-zero advantage move (the others keep everything)
-        active = torch.nonzero((adv != 0).any(-1)).flatten()
+        # the exact shortcut: only the seeds with a non-zero advantage move (the others keep everything);
+        # not under Adam, whose moments move a seed on a zero gradient too (as in simulate)
+        active = torch.arange(n_seeds) if adam else torch.nonzero((adv != 0).any(-1)).flatten()
         n_act = int(active.numel())
         if n_act:
             la = logits[active]  # (A, C, K) the moving seeds' parameters (a copy, written back below)
+            lr_a = lr_seed[active][:, None, None]
+            eps_a = {name: t[active] for name, t in eps_seed.items()}
+            if adam:
+                m_a, v_a = exp_avg[active], exp_avg_sq[active]
             ia = idx[active]  # (A, B)
             adv_a = adv[active]
             ctx_b, act_b, mask_b = policy.ctx[ia], policy.act[ia], policy.mask[ia]  # (A, B, T)
@@ -363,6 +434,8 @@ def simulate_seeds(
                         if token_mean
                         else {**loss_kwargs, "seq_count": float(r)}
                     )
+                    for name, t in eps_a.items():  # one ε per row (seed-major rows, r per seed)
+                        kw[name] = t.repeat_interleave(r)
                     coef = coefficients(
                         objective, logp, old_m, adv_m, mask_m, grp_m, with_metrics=False, **kw
                     ).coef
@@ -373,9 +446,17 @@ def simulate_seeds(
                     g = torch.zeros(n_act * ck, dtype=coef.dtype)
                     g.index_add_(0, fi_m.flatten(), (-coef * mask_m).flatten())
                     g = g.view(n_act, c_n, k_n)
-                    la.add_(
-                        g - lsm_a.exp() * g.sum(-1, keepdim=True), alpha=-lr
-                    )  # torch.optim.SGD, no momentum
+                    g = g - lsm_a.exp() * g.sum(-1, keepdim=True)
+                    if adam:  # torch.optim.Adam's single-tensor step, per seed
+                        adam_steps += 1
+                        m_a.lerp_(g, 1 - beta1)
+                        v_a.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+                        bias1 = 1 - beta1 ** float(adam_steps)
+                        bias2_sqrt = (1 - beta2 ** float(adam_steps)) ** 0.5
+                        denom = (v_a.sqrt() / bias2_sqrt).add_(_ADAM_EPS)
+                        la.sub_((lr_a / bias1) * m_a / denom)
+                    else:  # torch.optim.SGD, no momentum
+                        la.sub_(lr_a * g)
                     if residuals:  # CancellationMeter.add, per seed
                         ev_m = (
                             ev.flatten()
@@ -410,6 +491,8 @@ def simulate_seeds(
                     )
             # 7: exact statistics of the moving seeds at their parameters after the step's updates
             logits[active] = la
+            if adam:
+                exp_avg[active], exp_avg_sq[active] = m_a, v_a
             lsm_a = torch.log_softmax(la, -1)
             lp_a = exact.traj_logp(lsm_a)
             p_a = lp_a.exp()
@@ -445,4 +528,4 @@ def seed_rows(result: Mapping[str, Tensor], index: int) -> list[dict[str, float]
     return [{k: (cols[k][j] if k in cols else math.nan) for k in ROW_KEYS} for j in range(n)]
 
 
-__all__ = ["BATCHED_KEYS", "seed_rows", "simulate_seeds"]
+__all__ = ["BATCHED_KEYS", "PER_SEED_PARAMS", "seed_rows", "simulate_seeds"]

@@ -156,7 +156,7 @@ def test_seed_rows_have_simulates_keys() -> None:
 @pytest.mark.parametrize(
     ("kw", "named"),
     [
-        ({"optimizer": "adam"}, "optimizer='adam'"),
+        ({"length_norm": [True, False]}, "per-seed `length_norm`"),
         ({"batching": "random", "num_groups": 2, "num_minibatches": 2}, "batching='random'"),
         ({"reward_balanced_rho": 0.25}, "reward_balanced_rho"),
         ({"lopti_eta": 0.4}, "lopti_eta"),
@@ -180,3 +180,129 @@ def test_bad_arguments_raise() -> None:
         simulate_seeds("equivalent_solutions", "grpo", 2, steps=1, num_groups=2, num_minibatches=3)
     with pytest.raises(ValueError, match="adv_scale"):
         simulate_seeds("equivalent_solutions", "grpo", 2, steps=1, adv_scale="std")
+    with pytest.raises(ValueError, match="unknown optimizer"):
+        simulate_seeds("equivalent_solutions", "grpo", 2, steps=1, optimizer="rmsprop")
+    with pytest.raises(ValueError, match="> 0"):
+        simulate_seeds("equivalent_solutions", "grpo", 2, steps=1, lr=torch.tensor([0.5, 0.0]))
+
+
+@pytest.mark.parametrize("name", ["lr", "epsilon_low", "epsilon_high"])
+def test_per_seed_values_of_the_wrong_length_raise(name: str) -> None:
+    with pytest.raises(ValueError, match=r"`" + name + r"` has shape \(3,\) but there are 4 seeds"):
+        simulate_seeds("template_task", "gspo", 4, steps=1, **{name: torch.tensor([1e-3, 2e-3, 3e-3])})
+    with pytest.raises(ValueError, match="4 seeds"):
+        simulate_seeds("template_task", "gspo", 4, steps=1, **{name: [1e-3] * 5})
+
+
+# --------------------------------------------------------------------------------------------
+# per-seed hyper-parameters: one call sweeping a value equals one call per value, seed by seed
+
+SWEEP_SEEDS = [0, 1, 2]
+LRS = [0.25, 0.5, 1.0, 2.0]
+
+
+def _assert_sweep_equals_separate_calls(objective: str, name: str, values: list[float], **kw) -> None:
+    """One call with ``name`` = values × SWEEP_SEEDS (value-major) equals one call per scalar value."""
+    per_seed = torch.tensor(values, dtype=torch.float64).repeat_interleave(len(SWEEP_SEEDS))
+    swept = simulate_seeds(
+        "template_task", objective, SWEEP_SEEDS * len(values), steps=STEPS, **{name: per_seed}, **kw
+    )
+    moved = []
+    for j, value in enumerate(values):
+        alone = simulate_seeds("template_task", objective, SWEEP_SEEDS, steps=STEPS, **{name: value}, **kw)
+        rows = slice(j * len(SWEEP_SEEDS), (j + 1) * len(SWEEP_SEEDS))
+        for key in ("expected_reward", "template_kl"):
+            torch.testing.assert_close(swept[key][rows], alone[key], rtol=0, atol=1e-12)
+        moved.append(alone["expected_reward"])
+    # the sweep is not trivial: different values give different runs
+    assert float((moved[0] - moved[-1]).abs().max()) > 1e-6
+
+
+@pytest.mark.parametrize("objective", ["gspo", "dfpo", "grpo"])
+def test_per_seed_lr_equals_separate_calls(objective: str) -> None:
+    _assert_sweep_equals_separate_calls(objective, "lr", LRS)
+
+
+@pytest.mark.parametrize(
+    ("objective", "name", "values"),
+    [
+        ("gspo", "epsilon_low", [1e-4, 3e-4, 1e-3, 1e-2]),
+        ("gspo", "epsilon_high", [1e-4, 4e-4, 2e-3, 1e-2]),
+        ("dfpo", "epsilon_low", [1e-4, 3e-4, 1e-3, 1e-2]),
+        ("dfpo", "epsilon_high", [1e-4, 4e-4, 2e-3, 1e-2]),
+        ("grpo", "epsilon_low", [0.02, 0.1, 0.2, 0.4]),
+        ("grpo", "epsilon_high", [0.02, 0.1, 0.28, 0.5]),
+    ],
+)
+def test_per_seed_clip_range_equals_separate_calls(objective: str, name: str, values: list[float]) -> None:
+    kw: dict = {}
+    # make ε_high bind: GSPO's paper estimator keeps the clipped sequences' gradient, and DFPO's
+    # Min-Replace (the group's minimum s̄) never reads an upper clip where an orthogonal projection does
+    if name == "epsilon_high" and objective != "grpo":
+        kw = {"estimator": "paper"} if objective == "gspo" else {"transform": "orth_proj"}
+    _assert_sweep_equals_separate_calls(objective, name, values, lr=2.0, **kw)
+
+
+def test_per_seed_lr_and_clip_range_together_equal_simulate() -> None:
+    lr = [0.5, 2.0, 1.0]
+    eps_low, eps_high = [1e-3, 3e-4, 1e-2], [2e-3, 4e-4, 1e-2]
+    res = simulate_seeds(
+        "template_task", "dfpo", [4, 4, 9], steps=STEPS, lr=lr, epsilon_low=eps_low, epsilon_high=eps_high
+    )
+    for i, seed in enumerate([4, 4, 9]):
+        ref = simulate(
+            "template_task", "dfpo", steps=STEPS, seed=seed, lr=lr[i],
+            epsilon_low=eps_low[i], epsilon_high=eps_high[i],
+        )  # fmt: skip
+        for a, b in zip(ref, seed_rows(res, i), strict=True):
+            assert abs(a["expected_reward"] - b["expected_reward"]) < 1e-6
+            assert abs(a["template_kl"] - b["template_kl"]) < 1e-6
+
+
+@pytest.mark.parametrize("objective", ["grpo", "gspo", "dfpo"])
+def test_objectives_take_a_per_row_clip_range(objective: str) -> None:
+    """A (B,) ε acts row by row: the coefficients equal those of scalar-ε calls on each row's own ε."""
+    from cancellation.update import coefficients
+
+    gen = torch.Generator().manual_seed(0)
+    b, t = 8, 5
+    old = -torch.rand(b, t, dtype=torch.float64, generator=gen)
+    logp = old + 0.3 * torch.randn(b, t, dtype=torch.float64, generator=gen)
+    adv = torch.randn(b, dtype=torch.float64, generator=gen)
+    mask = torch.ones(b, t, dtype=torch.float64)
+    group = torch.arange(b)  # one row per group: the rows do not couple (DFPO's transform is per group)
+    lo = torch.tensor([0.01, 0.05, 0.1, 0.2, 0.3, 0.02, 0.15, 0.25], dtype=torch.float64)
+    hi = torch.tensor([0.02, 0.1, 0.05, 0.3, 0.2, 0.01, 0.5, 0.25], dtype=torch.float64)
+    kw = {"seq_count": float(b)} if objective != "grpo" else {"token_count": float(b * t)}
+    got = coefficients(
+        objective, logp, old, adv, mask, group, with_metrics=True, epsilon_low=lo, epsilon_high=hi, **kw
+    )
+    for i in range(b):
+        one = coefficients(
+            objective, logp, old, adv, mask, group, with_metrics=False,
+            epsilon_low=float(lo[i]), epsilon_high=float(hi[i]), **kw,
+        ).coef  # fmt: skip
+        torch.testing.assert_close(got.coef[i], one[i], rtol=0, atol=1e-15)
+    assert 0.0 < got.metrics["clip/frac"] < 1.0  # some rows clipped, some not: the ε really differ
+
+
+@pytest.mark.parametrize("objective", ["gspo", "dfpo"])
+def test_adam_equals_the_one_seed_simulator(objective: str) -> None:
+    res = simulate_seeds("template_task", objective, SEEDS, steps=STEPS, optimizer="adam")
+    assert _max_diff(res, "template_task", objective, optimizer="adam") < 1e-6
+    # the runs reach steps whose advantages are all 0, where Adam still moves (no exact shortcut)
+    zero = res["zero_adv_group_frac"] == 1.0
+    assert bool(zero.any())
+    er = res["expected_reward"]
+    moved_on_zero = (er[:, 1:] != er[:, :-1]) & zero[:, 1:]
+    assert bool(moved_on_zero.any())
+
+
+def test_adam_with_per_seed_lr_equals_simulate() -> None:
+    lrs = [0.02, 0.05, 0.2]
+    res = simulate_seeds("template_task", "gspo", [3, 3, 3], steps=20, optimizer="adam", lr=lrs)
+    for i, lr in enumerate(lrs):
+        ref = simulate("template_task", "gspo", steps=20, seed=3, optimizer="adam", lr=lr)
+        for a, b in zip(ref, seed_rows(res, i), strict=True):
+            for k in ("expected_reward", "template_kl", "shared_residual"):
+                assert a[k] == pytest.approx(b[k], abs=1e-6, nan_ok=True)
