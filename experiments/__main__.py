@@ -61,7 +61,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def _load(out: Path) -> list[StudyResult]:
     """The saved studies in ``out``: toy studies first, then language-model ones, each in file-name order."""
-    files = sorted(out.glob("*.json"), key=lambda p: (not p.name.startswith("toy_"), p.name))
+    files = sorted(
+        [*out.glob("*.json"), *out.glob("*.json.gz")], key=lambda p: (not p.name.startswith("toy_"), p.name)
+    )
     return [StudyResult.load(f) for f in files]
 
 
@@ -81,15 +83,14 @@ def main(argv: list[str] | None = None) -> int:
             from .toy import run_toy
 
             print(f"== toy studies ({'quick' if args.quick else 'full'}) -> {out}", flush=True)
-            for study in run_toy(out, quick=args.quick):
-                study.save(out / f"{study.name}.json")
+            run_toy(out, quick=args.quick)  # saves each study's blocks as it finishes them
         if args.only in (None, "lm"):
             from .lm import run_lm
 
             print(f"== language-model sweep ({'quick' if args.quick else 'full'}) -> {runs}", flush=True)
             kw = {} if args.jobs is None else {"jobs": args.jobs}
             for study in run_lm(runs, quick=args.quick, model=args.model, **kw):
-                study.save(out / f"{study.name}.json")
+                study.save(out / f"{study.name}.json.gz")
 
     studies = _load(out)
     if not studies:

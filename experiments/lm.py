@@ -87,7 +87,22 @@ import yaml
 from cancellation.diagnostics import jitter2
 from scaledrun import tiny as _tiny
 
-from .study import CANCEL, DFPO, REVIEW, Measure, Prediction, StudyResult
+from .study import (
+    CANCEL,
+    CURVE_POINTS,
+    DFPO,
+    REVIEW,
+    SRC_ACCURACY,
+    SRC_CANCEL,
+    SRC_CONTROL,
+    SRC_ENTROPY,
+    SRC_JITTER,
+    SRC_SPEED,
+    Measure,
+    Prediction,
+    StudyResult,
+    sig,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 #: The sweep's base config (every run: this file, then the arm's overrides, then the sweep's own).
@@ -108,7 +123,6 @@ MA_WINDOW = 10
 #: Steps averaged by ``final_reward`` and ``entropy_final``.
 FINAL_STEPS = 10
 #: At most this many points per per-step curve.
-CURVE_POINTS = 100
 #: Runs in parallel by default, each with cpu_count // jobs torch threads: on 2 cores, 2 jobs x 1 thread beat
 #: 1 job x 2 threads (measured, see ``lm_base.yaml``).
 DEFAULT_JOBS = 2
@@ -537,10 +551,6 @@ CURVES = {
 }
 
 
-def _sig(x: float, digits: int = 6) -> float | None:
-    return None if x is None or not math.isfinite(x) else float(f"{x:.{digits}g}")
-
-
 def run_curves(
     rows: Sequence[Mapping[str, float]], steps: int
 ) -> dict[str, tuple[list[int], list[float | None]]]:
@@ -551,7 +561,7 @@ def run_curves(
         if kind == "eval":
             pts = [r for r in rows if math.isfinite(r.get(key, math.nan))]
             if pts:
-                out[name] = ([int(r["step"]) for r in pts], [_sig(r[key]) for r in pts])
+                out[name] = ([int(r["step"]) for r in pts], [sig(r[key]) for r in pts])
             continue
         values = [float(r.get(key, math.nan)) for r in rows]
         if not _finite(values):
@@ -559,19 +569,19 @@ def run_curves(
         if name == "reward_moving_mean":
             values = trailing_means(values, max(1, min(MA_WINDOW, steps)), full=False)
         idx = np.unique(np.linspace(0, len(rows) - 1, min(CURVE_POINTS, len(rows))).round().astype(int))
-        out[name] = ([int(rows[i]["step"]) for i in idx], [_sig(values[i]) for i in idx])
+        out[name] = ([int(rows[i]["step"]) for i in idx], [sig(values[i]) for i in idx])
     return out
 
 
 # --------------------------------------------------------------------------------------------------
 # predictions
 
-_T2 = f"{DFPO}, Sec. 4.5 Prediction 1 (eq. 19); Sec. 6 Table 2"
-_JIT = f"{DFPO}, Sec. 4.5 Prediction 2 (eq. 20-21); Sec. 6, Fig. 2"
-_ACC = f"{DFPO}, Sec. 4.5 Prediction 3 (eq. 22); Table 1"
-_ENT = f"{DFPO}, Prop. 3.1; Sec. 4.4; App. A.3 eq. 39-41 (entropy collapse between equivalent solutions)"
-_CTRL = f"{REVIEW}; {DFPO}, App. K eq. 86"
-_CAN = f"{DFPO}, Sec. 4.4 (eq. 17-18); App. B"
+_T2 = SRC_SPEED
+_JIT = SRC_JITTER
+_ACC = SRC_ACCURACY
+_ENT = SRC_ENTROPY
+_CTRL = SRC_CONTROL
+_CAN = SRC_CANCEL
 
 
 _p = Prediction  # (claim, source, measure, arm, baseline, direction), positionally

@@ -19,6 +19,7 @@ of every prediction's paired difference with its CI.
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import platform
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,12 +30,13 @@ import numpy as np
 from app.figures import _rgba, color
 
 from .stats import _fmt_ci, fmt_p, fmt_value, markdown_table, summarize_arms
-from .study import MIN_SEEDS, VERDICTS, StudyResult, Verdict
+from .study import CONFIRM_FIRST_SEED, MIN_SEEDS, POWER, TOL, VERDICTS, StudyResult, Verdict, decide
 
 #: The bootstrap resamples of the report's tables (seeded: the report is reproducible).
 N_BOOT = 4000
 VERDICT_MARK = {"held": "✅ held", "contradicted": "❌ contradicted", "not resolved": "➖ not resolved",
-                "too few seeds": "· too few seeds", "not measured": "· not measured"}  # fmt: skip
+                "by construction": "· by construction", "too few seeds": "· too few seeds",
+                "not measured": "· not measured"}  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------------
@@ -89,22 +91,70 @@ def full_table(study: StudyResult, *, n_boot: int = N_BOOT) -> str:
     return markdown_table(rows)
 
 
-def verdict_table(verdicts: Sequence[Verdict], study_names: Sequence[str] | None = None) -> str:
-    """The predictions, their paired difference (arm − baseline) with CI, sign-test p and verdict."""
+def verdict_table(
+    verdicts: Sequence[Verdict],
+    study_names: Sequence[str] | None = None,
+    discovery: Sequence[Verdict | None] | None = None,
+) -> str:
+    """The predictions: the deciding block's paired difference (arm − baseline) with its t interval, the
+    seeds, the minimal detectable effect, the t test's p, its Holm-adjusted p, the exact sign-flip p and
+    the verdict; with ``discovery``, the discovery block's difference and interval beside it."""
     if not verdicts:
         return ""
-    header = ["prediction", "source", *(["study"] if study_names else []), "Δ (arm − baseline)", "95 % CI", "seeds",
-              "sign p", "verdict"]  # fmt: skip
-    lines = [
-        "| " + " | ".join(header) + " |",
-        "|---|---|" + ("---|" if study_names else "") + "---:|---:|---:|---:|---|",
-    ]
+    lvl = f"{verdicts[0].level:.0%}"
+    header = ["prediction", "source", *(["study"] if study_names else []),
+              *([f"discovery Δ [{lvl} CI] (n)"] if discovery else []), "Δ (arm − baseline)", f"{lvl} t interval",
+              "seeds", "MDE", "p", "Holm p", "sign-flip p", "verdict"]  # fmt: skip
+    align = ["---", "---", *(["---"] if study_names else []), *(["---:"] if discovery else []),
+             "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---"]  # fmt: skip
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
     for i, v in enumerate(verdicts):
         p = v.prediction
-        cells = [p.claim, p.source, *([study_names[i]] if study_names else []), fmt_value(v.diff, signed=True),
-                 _fmt_ci(v.low, v.high, signed=True), str(v.n), fmt_p(v.sign_p), VERDICT_MARK[v.verdict]]  # fmt: skip
+        claim = p.claim + (f" _(by construction: {p.by_construction})_" if p.by_construction else "")
+        cells = [claim, p.source, *([study_names[i]] if study_names else [])]
+        if discovery:
+            d = discovery[i]
+            cells.append(
+                "n/a" if d is None or d.diff is None
+                else f"{fmt_value(d.diff, signed=True)} {_fmt_ci(d.low, d.high, signed=True)} ({d.n})"
+            )  # fmt: skip
+        cells += [fmt_value(v.diff, signed=True), _fmt_ci(v.low, v.high, signed=True), str(v.n), fmt_value(v.mde),
+                  fmt_p(v.p), fmt_p(v.p_adj) if v.verdict in ("held", "contradicted", "not resolved") else "—",
+                  fmt_p(v.perm_p), VERDICT_MARK[v.verdict] + ("" if v.block == "confirmation" or not discovery
+                  else " (discovery block only)")]  # fmt: skip
         lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def grid_table(study: StudyResult) -> str:
+    """A sweep's grid (``StudyResult.grid``), one table per arm: rows lr, columns inner epochs, each cell
+    the mean steps to the threshold (reached fraction when below 1) and the mean template KL there."""
+    if not study.grid:
+        return ""
+    out = []
+    for arm in dict.fromkeys(r["arm"] for r in study.grid):
+        rows = [r for r in study.grid if r["arm"] == arm]
+        epochs = sorted({r["inner_epochs"] for r in rows})
+        lrs = sorted({r["lr"] for r in rows})
+        cell = {(r["lr"], r["inner_epochs"]): r for r in rows}
+        lines = [f"**{arm}** (cell: mean steps to E[R] ≥ 0.9; reached fraction when < 1; template KL at matched "
+                 "reward)\n", "| lr | " + " | ".join(f"{e} epochs" for e in epochs) + " |",
+                 "|---:|" + "---:|" * len(epochs)]  # fmt: skip
+        for lr in lrs:
+            cells = []
+            for e in epochs:
+                r = cell.get((lr, e))
+                if r is None:
+                    cells.append("")
+                    continue
+                text = fmt_value(r["steps_mean"])
+                if r["reached"] is not None and r["reached"] < 1:
+                    text += f" ({r['reached']:.0%})"
+                text += f"; KL {fmt_value(r['template_kl'])}"
+                cells.append(text)
+            lines.append(f"| {lr:g} | " + " | ".join(cells) + " |")
+        out.append("\n".join(lines) + "\n")
+    return "\n".join(out)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -184,6 +234,7 @@ def forest_figure(verdicts: Sequence[Verdict], study_names: Sequence[str]) -> An
         "contradicted": "#D62728",
         "not resolved": "#7F7F7F",
         "not measured": "#BBBBBB",
+        "by construction": "#9467BD",
     }
     fig = go.Figure()
     labels = []
@@ -253,6 +304,58 @@ def save_figure(fig: Any, stem: Path, png: bool) -> tuple[Path, Path | None, str
 # the report
 
 
+def _blocks(studies: Sequence[StudyResult]) -> list[tuple[StudyResult | None, StudyResult | None]]:
+    """(discovery, confirmation) per study name, in the order the names first appear."""
+    by_name: dict[str, dict[str, StudyResult]] = {}
+    for st in studies:
+        by_name.setdefault(st.name, {})[st.block] = st
+    return [(b.get("discovery"), b.get("confirmation")) for b in by_name.values()]
+
+
+def frontier_figure(study: StudyResult) -> Any:
+    """A sweep's settings as points (mean steps to the threshold, mean template KL), one colour per arm,
+    each arm's Pareto frontier as a line and its chosen settings ringed."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    chosen = {(c["config"]["objective"], c["config"].get("lr"), c["config"].get("inner_epochs"), k.split("@")[0])
+              for k, c in study.arms.items()}  # fmt: skip
+    for i, arm in enumerate(dict.fromkeys(r["arm"] for r in study.grid)):
+        rows = [
+            r for r in study.grid if r["arm"] == arm and r["template_kl"] is not None and r["reached"] == 1.0
+        ]
+        if not rows:
+            continue
+        colour = color(i)
+        fig.add_trace(go.Scatter(
+            x=[r["steps_mean"] for r in rows], y=[r["template_kl"] for r in rows], mode="markers", name=arm,
+            marker={"color": colour, "size": 7, "line": {"width": [3 if any(c[3] == arm and c[1] == r["lr"] and
+                    c[2] == r["inner_epochs"] for c in chosen) else 0 for r in rows], "color": "black"}},
+            text=[f"lr {r['lr']:g} × {r['inner_epochs']} epochs" for r in rows], legendgroup=arm,
+        ))  # fmt: skip
+        front, best_kl = [], math.inf
+        for r in sorted(rows, key=lambda r: (r["steps_mean"], r["template_kl"])):
+            if r["template_kl"] < best_kl:
+                front.append(r)
+                best_kl = r["template_kl"]
+        fig.add_trace(go.Scatter(x=[r["steps_mean"] for r in front], y=[r["template_kl"] for r in front],
+                                 mode="lines", line={"color": colour}, showlegend=False, legendgroup=arm))  # fmt: skip
+    fig.update_layout(
+        title="Learning tax against speed, every setting of the sweep (discovery block)<br><sup>settings where "
+        "every seed reached E[R] ≥ 0.9; line: each arm's frontier (least tax at each speed); ringed: chosen</sup>",
+        xaxis_title="mean steps to E[R] ≥ 0.9", yaxis_title="mean template KL at E[R] = 0.9",
+        xaxis_type="log", template="plotly_white", width=1000, height=600,
+    )  # fmt: skip
+    return fig
+
+
+def _figure_line(fig: Any, stem: Path, png: bool, title: str, base: Path) -> tuple[str, str | None]:
+    html, png_path, why = save_figure(fig, stem, png)
+    if png_path is not None:
+        return f"![{title}]({_rel(png_path, base)})  \n[interactive]({_rel(html, base)})\n", why
+    return f"Figure: [{title} (interactive HTML)]({_rel(html, base)})\n", why
+
+
 def write_report(
     studies: Sequence[StudyResult],
     path: str | Path,
@@ -263,55 +366,84 @@ def write_report(
     mode: str = "full",
     n_boot: int = N_BOOT,
     preamble: str = "",
+    level: float = 0.95,
 ) -> Path:
-    """Render ``studies`` into the markdown report at ``path`` and its figures (default ``<path's folder>/figures``)."""
+    """Render ``studies`` into the markdown report at ``path`` and its figures (default ``<path's folder>/figures``).
+
+    A study saved on two blocks of seeds (``StudyResult.block``) is decided on its confirmation block and
+    shows its discovery block beside it; a study with one block is decided on that block. Every decided
+    prediction of the report is one family for Holm's adjustment (``experiments.study.decide``); the
+    discovery blocks form a second family, shown for comparison."""
     path = Path(path)
     fig_dir = Path(figures_dir) if figures_dir is not None else path.parent / "figures"
     fig_dir.mkdir(parents=True, exist_ok=True)
-    all_verdicts: list[Verdict] = []
-    all_names: list[str] = []
+    pairs = _blocks(studies)
+    deciding = [conf or disc for disc, conf in pairs]
+    decided = decide(deciding, level=level)
+    explored = decide([disc for disc, conf in pairs if conf is not None and disc is not None], level=level)
+    disc_of: dict[tuple[str, str], Verdict] = {}
+    i = 0
+    for disc, conf in pairs:
+        if conf is not None and disc is not None:
+            for v in explored[i : i + len(disc.predictions)]:
+                disc_of[(disc.name, v.prediction.claim)] = v
+            i += len(disc.predictions)
+    names = [st.name for st in deciding for _ in st.predictions]
+    side = [disc_of.get((n, v.prediction.claim)) for n, v in zip(names, decided, strict=True)]
     sections: list[str] = []
     png_problem: str | None = None
-    for study in studies:
-        verdicts = study.verdicts(n_boot=n_boot)
-        all_verdicts += verdicts
-        all_names += [study.name] * len(verdicts)
+    pos = 0
+    for (disc, conf), study in zip(pairs, deciding, strict=True):
+        verdicts = decided[pos : pos + len(study.predictions)]
+        disc_side = side[pos : pos + len(study.predictions)]
+        pos += len(study.predictions)
         parts = [
             f"## {study.title}\n",
             f"**Question.** {study.question}\n",
             f"**Setting.** {study.setting}\n",
         ]
+        if conf is not None and disc is not None:
+            parts.append(f"**Discovery block.** {disc.setting}\n")
         parts.append(
-            "**Results** (mean and 95 % bootstrap CI over seeds; ↓/↑: which way is better; (k/n): seeds that "
-            "reached the threshold):\n"
+            f"**Results{' (confirmation block)' if conf is not None else ''}** (mean and 95 % bootstrap CI over "
+            "seeds; ↓/↑: which way is better; (k/n): seeds that reached the threshold):\n"
         )
         parts.append(compact_table(study, n_boot=n_boot))
         if verdicts:
-            parts.append("**Predictions** (paired by seed: arm − baseline):\n")
-            parts.append(verdict_table(verdicts))
+            parts.append(
+                "**Predictions** (paired by seed: arm − baseline; decided on the "
+                f"{'confirmation' if conf is not None else 'only'} block, Holm-adjusted over the report):\n"
+            )
+            parts.append(verdict_table(verdicts, discovery=disc_side if conf is not None else None))
+        if study.grid:
+            parts.append("**The sweep (discovery block).**\n\n" + grid_table(study))
+            line, why = _figure_line(frontier_figure(study), fig_dir / f"{study.name}_frontier", png,
+                                     f"{study.title}: frontier", path.parent)  # fmt: skip
+            parts.append(line)
+            png_problem = png_problem or why
         if study.notes:
             parts.append("**Notes.**\n\n" + "\n".join(f"- {n}" for n in study.notes) + "\n")
         for curve in study.curves:
-            html, png_path, why = save_figure(
-                curve_figure(study, curve), fig_dir / f"{study.name}_{curve}", png
-            )
+            line, why = _figure_line(curve_figure(study, curve), fig_dir / f"{study.name}_{curve}", png,
+                                     f"{study.title}: {curve}", path.parent)  # fmt: skip
+            parts.append(line)
             png_problem = png_problem or why
-            rel_html = _rel(html, path.parent)
-            if png_path is not None:
-                parts.append(
-                    f"![{study.title}: {curve}]({_rel(png_path, path.parent)})  \n[interactive]({rel_html})\n"
-                )
-            else:
-                parts.append(f"Figure: [{study.title}: {curve} (interactive HTML)]({rel_html})\n")
+        if conf is not None and disc is not None:
+            parts.append(
+                "<details><summary>Discovery block: results</summary>\n\n" + compact_table(disc, n_boot=n_boot)
+                + "\n</details>\n"
+            )  # fmt: skip
         parts.append(
             f"<details><summary>All measures with paired differences against {study.arms[study.baseline].get('label', study.baseline)}</summary>\n\n"
             + full_table(study, n_boot=n_boot)
             + "\n</details>\n"
         )
-        parts.append(f"_Wall time of this study: {study.seconds / 60:.1f} min._\n")
+        seconds = sum(st.seconds for st in (disc, conf) if st is not None)
+        parts.append(f"_Wall time of this study: {seconds / 60:.1f} min._\n")
         sections.append("\n".join(parts))
 
-    counts = {v: sum(x.verdict == v for x in all_verdicts) for v in VERDICTS}
+    counts = {v: sum(x.verdict == v for x in decided) for v in VERDICTS}
+    alpha = 1 - level
     head = [
         "# Cancellation Lab: experiment report\n",
         f"Generated by `{command}` ({mode} mode) on {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}, "
@@ -320,24 +452,33 @@ def write_report(
         f"`python -m experiments --report-only`. Each figure is a PNG (the repository keeps these) and an "
         f"interactive HTML file written next to it by the command.\n",
         preamble,
+        "## How a prediction is decided\n",
+        "Each prediction is a paired comparison, arm − baseline matched by seed (common random numbers). A "
+        "toy study runs twice: on a *discovery* block of seeds (0, 1, ...), explored freely while the studies "
+        f"were designed, and on a *confirmation* block of fresh seeds (from {CONFIRM_FIRST_SEED:,}) with the "
+        "same arms and predictions fixed in code before it ran; its verdict is decided on the confirmation "
+        "block, and the discovery block's difference is shown beside it. A study with one block (the "
+        "language-model sweep) is decided on it. The test is the paired t test (its interval is printed; it "
+        "keeps its 5 % error rate at 5, 10 and 20 seeds, where the percentile bootstrap's does not; "
+        "`tests/experiments/test_stats.py` measures both), with the exact sign-flip permutation p beside it "
+        f"as a distribution-free check. Differences within {TOL:g} are ties. The p-values of all "
+        f"{sum(x.verdict in ('held', 'contradicted', 'not resolved') for x in decided)} decided predictions "
+        f"are adjusted together with Holm's step-down method; a prediction *holds* when its Holm-adjusted p is "
+        f"below {alpha:g} and the difference is on the predicted side, and is *contradicted* when it is below "
+        f"{alpha:g} on the other side. MDE: the minimal detectable effect, the true difference a {alpha:g}-level "
+        f"t test would detect with {POWER:.0%} power at the seeds' spread (unadjusted). Predictions decided by "
+        "how an arm is built are shown as *by construction* and left out of the counts and of the family.\n",
         "## Summary of predictions\n",
-        f"{counts['held']} held, {counts['contradicted']} contradicted, {counts['not resolved']} not resolved "
-        f"(the 95 % CI of the paired difference contains 0), {counts['too few seeds']} with fewer than "
-        f"{MIN_SEEDS} seeds, {counts['not measured']} not measured, "
-        f"out of {len(all_verdicts)}. A prediction *holds* when the whole 95 % paired-bootstrap CI of "
-        f"arm − baseline lies on the predicted side of 0, and is *contradicted* when it lies on the other side.\n",
-        verdict_table(all_verdicts, all_names),
+        f"{counts['held']} held, {counts['contradicted']} contradicted, {counts['not resolved']} not resolved, "
+        f"{counts['by construction']} by construction, {counts['too few seeds']} with fewer than {MIN_SEEDS} "
+        f"seeds, {counts['not measured']} not measured, out of {len(decided)}.\n",
+        verdict_table(decided, names, discovery=side if any(x is not None for x in side) else None),
     ]
-    if all_verdicts:
-        html, png_path, why = save_figure(
-            forest_figure(all_verdicts, all_names), fig_dir / "predictions", png
-        )
+    if decided:
+        line, why = _figure_line(forest_figure(decided, names), fig_dir / "predictions", png,
+                                 "every prediction's paired difference", path.parent)  # fmt: skip
+        head.append(line)
         png_problem = png_problem or why
-        head.append(
-            f"![every prediction's paired difference]({_rel(png_path, path.parent)})  \n[interactive]({_rel(html, path.parent)})\n"
-            if png_path is not None
-            else f"Figure: [every prediction's paired difference (interactive HTML)]({_rel(html, path.parent)})\n"
-        )
     if png_problem and png:
         head.append(f"_PNG figures were not written ({png_problem}); the HTML figures were._\n")
     text = "\n".join(head) + "\n" + "\n\n".join(sections)

@@ -5,37 +5,63 @@ JSON (``StudyResult.save``); the report (``experiments.report``) reads them back
 the verdicts and the figures. Keeping this boundary as plain data means a study can be re-run, resumed
 or replaced without touching the report, and the report can be rebuilt from saved results alone.
 
-Verdicts (``Prediction.verdict``): a prediction says that ``arm`` has a lower (or higher) value of
-``measure`` than ``baseline``. The paired difference arm − baseline (matched by seed, with its
-bootstrap CI, ``experiments.stats.paired_difference``) decides:
+Verdicts (``decide``). A prediction says that ``arm`` has a lower (or higher) value of ``measure``
+than ``baseline``. The per-seed differences d_s = arm_s − baseline_s (matched by seed; a censored
+measure counts a never-reached seed as the horizon; |d_s| ≤ ``TOL`` is an exact tie) are tested with the
+paired t test (``experiments.stats.paired_t``: the p-value and the t interval printed; exact under
+normal differences at any n, where the percentile bootstrap's 95 % CI excludes a true 0 in 17 % of
+runs at n = 5) and, as a distribution-free check printed beside it, the exact sign-flip permutation
+test (``stats.signflip_p``). The p-values of a report's *family* of predictions are adjusted together
+with Holm's step-down method (``decide(..., adjust="holm")``), and the verdict reads the adjusted p at
+the level α = 1 − ``level`` that the report prints:
 
-- ``held``: the whole CI lies on the predicted side of 0;
-- ``contradicted``: the whole CI lies on the other side;
-- ``not resolved``: the CI contains 0 (the study cannot tell at its number of seeds);
+- ``held``: adjusted p < α and the mean difference is on the predicted side;
+- ``contradicted``: adjusted p < α and the mean difference is on the other side;
+- ``not resolved``: adjusted p ≥ α (p = α exactly, an interval that ends at 0, is not resolved), or
+  every difference is a tie;
+- ``by construction``: the prediction is decided by how the arm is built (``Prediction.by_construction``
+  says why, e.g. an ablation whose gradient is identically 0); its difference is shown, and it is left
+  out of the family and of the held/contradicted counts;
 - ``too few seeds``: fewer than ``MIN_SEEDS`` seeds have both values (quick mode's slices); the
   difference is still shown;
 - ``not measured``: the arm, the baseline or the measure is missing, or no seed has both.
+
+Blocks. A study runs on a *discovery* block of seeds (0, 1, ...; explored freely while the studies were
+designed) and, in full mode, on a *confirmation* block of disjoint seeds (``CONFIRM_FIRST_SEED`` on)
+with the same arms and the same predictions, fixed in code before that block ran. The report decides
+every verdict on the confirmation block when a study has one, and shows both blocks.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .stats import paired_difference
+import numpy as np
+
+from .stats import holm, paired_difference, paired_t, signflip_p, t_quantile
 
 DIRECTIONS = ("lower", "higher")
 #: Significant digits of the curves' values in the saved JSON (they only draw figures; per-seed measures
 #: are saved at full precision).
 CURVE_DIGITS = 5
-VERDICTS = ("held", "contradicted", "not resolved", "too few seeds", "not measured")
-#: A verdict needs at least this many seeds with both arms measured: a bootstrap CI of fewer paired
-#: differences is too narrow to trust (with 2 seeds it has 3 possible values), and the exact sign test
-#: cannot go below p = 2^(1-n) = 0.0625 with 5 seeds.
+VERDICTS = ("held", "contradicted", "not resolved", "by construction", "too few seeds", "not measured")
+#: Paired differences at most this large (in the measure's unit) are ties: floating-point noise between
+#: two arms that take identical steps must not become a "significant" difference.
+TOL = 1e-9
+#: The first seed of a study's confirmation block (its discovery block starts at 0).
+CONFIRM_FIRST_SEED = 10_000
+BLOCKS = ("discovery", "confirmation")
+#: The power of the minimal detectable effect the report prints (``Verdict.mde``).
+POWER = 0.8
+#: A verdict needs at least this many seeds with both arms measured (the t test is exact only for normal
+#: differences, and with fewer seeds nothing checks that; the sign-flip test cannot go below
+#: p = 2^(1-n) = 0.0625 at 5).
 MIN_SEEDS = 5
 
 
@@ -50,6 +76,29 @@ CANCEL = "cancellation-hypothesis paper, 'The Cancellation Hypothesis in Critic-
 #: "Do Not Let Low-Probability Tokens Over-Dominate in RL for LLMs".
 LOPTI = "Lopti, 'Do Not Let Low-Probability Tokens Over-Dominate in RL for LLMs' (arXiv 2505.12929)"
 DAPO = "DAPO (arXiv 2503.14476)"
+
+#: The sections the predictions cite, written once for every study (toy, frontier, language model).
+SRC_SPEED = f"{DFPO}, Sec. 4.5 Prediction 1 (eq. 19); Sec. 6 Table 2"
+SRC_JITTER = f"{DFPO}, Sec. 4.5 Prediction 2 (eq. 20-21); Sec. 6, Fig. 2"
+SRC_ACCURACY = f"{DFPO}, Sec. 4.5 Prediction 3 (eq. 22); Table 1"
+SRC_ENTROPY = (
+    f"{DFPO}, Prop. 3.1; Sec. 4.4; App. A.3 eq. 39-41 (entropy collapse between equivalent solutions)"
+)
+SRC_CONTROL = f"{REVIEW}; {DFPO}, App. K eq. 86"
+SRC_TAX = f"{DFPO}, Sec. 4.4; App. E, G (learning tax)"
+SRC_CANCEL = f"{DFPO}, Sec. 4.4 (eq. 17-18); App. B"
+SRC_GROUP_SIZE = f"{DFPO}, Sec. 6.2 Table 4"
+SRC_COUPLING = f"{DFPO}, eq. 13; App. A.2 eq. 38"
+SRC_SYMCLIP_SLOWER = f"{DFPO}, App. H.3 (eq. 79)"
+
+#: At most this many points per saved curve.
+CURVE_POINTS = 100
+
+
+def sig(x: float | None, digits: int = 6) -> float | None:
+    """``x`` rounded to ``digits`` significant digits for the saved curves and grids (None if missing or
+    not finite)."""
+    return None if x is None or not math.isfinite(x) else float(f"{x:.{digits}g}")
 
 
 @dataclass(frozen=True)
@@ -74,7 +123,8 @@ class Measure:
 class Prediction:
     """A paper's prediction, stated as a paired comparison: ``arm``'s ``measure`` is ``direction``
     (``"lower"``/``"higher"``) than ``baseline``'s. ``claim`` says it in words, ``source`` cites it
-    (paper and section)."""
+    (paper and section). ``by_construction``: why the comparison is decided by how the arms are built
+    (shown as such, never counted as held or contradicted), or None."""
 
     claim: str
     source: str
@@ -82,6 +132,7 @@ class Prediction:
     arm: str
     baseline: str
     direction: str
+    by_construction: str | None = None
 
     def __post_init__(self) -> None:
         if self.direction not in DIRECTIONS:
@@ -92,7 +143,12 @@ class Prediction:
 
 @dataclass(frozen=True)
 class Verdict:
-    """A prediction's outcome: the verdict and the paired difference that decided it."""
+    """A prediction's outcome and the paired difference that decided it: ``diff`` (mean of
+    arm − baseline over ``n`` seeds) with its t interval [``low``, ``high``] at ``level``, the t test's
+    two-sided ``p``, ``p_adj`` (Holm-adjusted within the family it was decided in; = ``p`` alone),
+    ``perm_p`` (exact sign-flip permutation test), ``mde`` (the minimal detectable effect: the true mean
+    difference a two-sided t test at α = 1 − level detects with ``POWER`` at these seeds' spread,
+    (t_{1−α/2, n−1} + t_{power, n−1})·sd/√n) and the ``block`` of seeds it was computed on."""
 
     prediction: Prediction
     verdict: str
@@ -100,7 +156,12 @@ class Verdict:
     diff: float | None = None
     low: float | None = None
     high: float | None = None
-    sign_p: float | None = None
+    p: float | None = None
+    p_adj: float | None = None
+    perm_p: float | None = None
+    mde: float | None = None
+    level: float = 0.95
+    block: str = "discovery"
 
 
 def _finite_or_none(x: float) -> float | None:
@@ -122,7 +183,10 @@ class StudyResult:
       one value per x per seed, for the figures;
     - ``predictions``: the paper predictions this study tests;
     - ``notes``: findings or caveats the report prints under the table (what the study cannot test);
-    - ``seconds``: wall time of the study.
+    - ``seconds``: wall time of the study;
+    - ``block``: ``"discovery"`` or ``"confirmation"`` (the module docstring), ``first_seed`` its first seed;
+    - ``grid``: a sweep's table, one plain-data row per setting (``toy_frontier``: arm × lr × inner
+      epochs with its seed means), rendered by the report; empty for other studies.
     """
 
     name: str
@@ -137,8 +201,13 @@ class StudyResult:
     predictions: list[Prediction] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    block: str = "discovery"
+    first_seed: int = 0
+    grid: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        if self.block not in BLOCKS:
+            raise ValueError(f"study {self.name!r}: `block` must be one of {BLOCKS}, got {self.block!r}")
         if self.baseline not in self.arms:
             raise ValueError(
                 f"study {self.name!r}: baseline {self.baseline!r} is not one of its arms {list(self.arms)}"
@@ -170,41 +239,44 @@ class StudyResult:
                 return m
         raise KeyError(f"study {self.name!r} has no measure {key!r}; it has {[m.key for m in self.measures]}")
 
-    def verdicts(self, *, n_boot: int = 10_000, seed: int = 0, level: float = 0.95) -> list[Verdict]:
-        """Each prediction's verdict from the paired difference arm − baseline (see the module docstring)."""
-        out = []
-        for p in self.predictions:
-            a, b = self.values(p.arm, p.measure), self.values(p.baseline, p.measure)
-            common = sorted(set(a) & set(b))
-            if not common:
-                out.append(Verdict(p, "not measured"))
-                continue
-            horizon = self.measure(p.measure).horizon
-            pd = paired_difference(
-                {s: a[s] for s in common},
-                {s: b[s] for s in common},
-                horizon=horizon,
-                n_boot=n_boot,
-                seed=seed,
-                level=level,
-            )
-            if pd.n == 0 or not math.isfinite(pd.low) or not math.isfinite(pd.high):
-                out.append(Verdict(p, "not measured", n=pd.n))
-                continue
-            lower_side, higher_side = pd.high < 0, pd.low > 0
-            if pd.n < MIN_SEEDS:
-                verdict = "too few seeds"
-            elif (p.direction == "lower" and lower_side) or (p.direction == "higher" and higher_side):
-                verdict = "held"
-            elif (p.direction == "lower" and higher_side) or (p.direction == "higher" and lower_side):
-                verdict = "contradicted"
-            else:
-                verdict = "not resolved"
-            out.append(
-                Verdict(p, verdict, n=pd.n, diff=_finite_or_none(pd.mean), low=_finite_or_none(pd.low),
-                        high=_finite_or_none(pd.high), sign_p=_finite_or_none(pd.sign_p))
-            )  # fmt: skip
-        return out
+    def verdicts(self, *, level: float = 0.95) -> list[Verdict]:
+        """Each prediction's verdict, this study's predictions adjusted together (``decide``)."""
+        return decide([self], level=level)
+
+    def paired(self, p: Prediction, *, level: float = 0.95) -> Verdict:
+        """``p``'s paired difference on this study's seeds with its unadjusted test (verdict undecided:
+        ``"not resolved"`` stands in until ``decide`` reads the family's adjusted p)."""
+        a, b = self.values(p.arm, p.measure), self.values(p.baseline, p.measure)
+        common = sorted(set(a) & set(b))
+        if not common:
+            return Verdict(p, "not measured", level=level, block=self.block)
+        pd = paired_difference(
+            {s: a[s] for s in common},
+            {s: b[s] for s in common},
+            horizon=self.measure(p.measure).horizon,
+            n_boot=1,
+            level=level,
+            tol=TOL,
+        )
+        if pd.n == 0:
+            return Verdict(p, "not measured", level=level, block=self.block)
+        d = np.asarray(pd.differences, dtype=float)
+        mean, low, high, pval = paired_t(d, level=level)
+        mde = math.nan
+        if pd.n >= 2:
+            q = t_quantile((1 + level) / 2, pd.n - 1) + t_quantile(POWER, pd.n - 1)
+            mde = q * float(np.std(d, ddof=1)) / math.sqrt(pd.n)
+        verdict = (
+            "too few seeds"
+            if pd.n < MIN_SEEDS
+            else "by construction"
+            if p.by_construction
+            else "not resolved"
+        )
+        return Verdict(p, verdict, n=pd.n, diff=_finite_or_none(mean), low=_finite_or_none(low),
+                       high=_finite_or_none(high), p=_finite_or_none(pval), p_adj=_finite_or_none(pval),
+                       perm_p=_finite_or_none(signflip_p(d)), mde=_finite_or_none(mde), level=level,
+                       block=self.block)  # fmt: skip
 
     # ---- JSON
 
@@ -246,20 +318,55 @@ class StudyResult:
             predictions=[Prediction(**p) for p in d.get("predictions", [])],
             notes=list(d.get("notes", [])),
             seconds=float(d.get("seconds", 0.0)),
+            block=d.get("block", "discovery"),
+            first_seed=int(d.get("first_seed", 0)),
+            grid=[dict(r) for r in d.get("grid", [])],
         )
 
     def save(self, path: str | Path) -> Path:
-        """Write the study as JSON (``inf`` as ``"inf"``, NaN as ``null``); return the path."""
+        """Write the study as JSON (``inf`` as ``"inf"``, NaN as ``null``), gzip-compressed when the path
+        ends in ``.gz`` (the committed results); return the path."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(self.to_json(), separators=(",", ":"), allow_nan=False))
+        data = json.dumps(self.to_json(), separators=(",", ":"), allow_nan=False).encode()
+        tmp.write_bytes(gzip.compress(data, mtime=0) if path.suffix == ".gz" else data)
         tmp.replace(path)  # never a half-written result
         return path
 
     @classmethod
     def load(cls, path: str | Path) -> StudyResult:
-        return cls.from_json(json.loads(Path(path).read_text()))
+        path = Path(path)
+        data = path.read_bytes()
+        return cls.from_json(json.loads(gzip.decompress(data) if path.suffix == ".gz" else data))
+
+
+def decide(studies: Sequence[StudyResult], *, level: float = 0.95, adjust: str = "holm") -> list[Verdict]:
+    """The verdicts of every prediction of ``studies`` (in order), decided as one family.
+
+    Each prediction's paired t test (``StudyResult.paired``); the p-values of the predictions that can
+    be decided (enough seeds, measured, not by construction) are adjusted together with Holm's method
+    (``adjust="holm"``; ``"none"``: each alone), and each verdict reads its adjusted p at α = 1 − level
+    (module docstring). Decide a report's family in one call: the adjustment depends on the family.
+    """
+    if adjust not in ("holm", "none"):
+        raise ValueError(f"`adjust` must be 'holm' or 'none', got {adjust!r}")
+    if not 0 < level < 1:
+        raise ValueError(f"`level` must be in (0, 1), got {level}")
+    alpha = 1.0 - level
+    raw = [study.paired(p, level=level) for study in studies for p in study.predictions]
+    family = [i for i, v in enumerate(raw) if v.verdict == "not resolved" and v.p is not None]
+    adjusted = holm([raw[i].p for i in family]) if adjust == "holm" else [raw[i].p for i in family]
+    out = list(raw)
+    for i, p_adj in zip(family, adjusted, strict=True):
+        v = raw[i]
+        verdict = "not resolved"
+        side = 0.0 if v.diff is None or abs(v.diff) <= TOL else v.diff
+        if p_adj < alpha and side != 0.0:
+            predicted = (side < 0) == (v.prediction.direction == "lower")
+            verdict = "held" if predicted else "contradicted"
+        out[i] = replace(v, verdict=verdict, p_adj=float(p_adj))
+    return out
 
 
 def _json_float(v: Any) -> Any:
@@ -301,16 +408,20 @@ def _json_clean(x: Any, digits: int) -> Any:
 
 
 __all__ = [
+    "BLOCKS",
     "CANCEL",
+    "CONFIRM_FIRST_SEED",
     "DAPO",
     "DFPO",
     "DIRECTIONS",
     "LOPTI",
     "MIN_SEEDS",
     "REVIEW",
+    "TOL",
     "VERDICTS",
     "Measure",
     "Prediction",
     "StudyResult",
     "Verdict",
+    "decide",
 ]

@@ -47,7 +47,8 @@ reward):
 - ``jitter2_expected_reward`` / ``jitter2_sampled_reward``: DFPO eq. 20 on the whole E[R] curve and on
   the curve of the sampled groups' mean reward (the training reward an LM run logs);
 - ``equiv_entropy_*``, ``template_kl_*``, ``equiv_log_odds_*`` at the last step (``final``), at step K
-  (``at_step_K``) and at matched reward (``at_threshold``: the first step with E[R] ≥ 0.9; NaN for a
+  (``at_step_K``) and at matched reward (``at_threshold``: interpolated linearly at E[R] = 0.9 between
+  the last step below and the first step at or above it, ``at_threshold``; NaN for a
   seed that never gets there). Template KL exists on ``template_task`` only;
 - the residuals ``shared_residual``, ``group_shared_residual``, ``sequence_net_residual``: the mean over
   the steps that had one (an update with a non-zero gross coefficient);
@@ -77,12 +78,32 @@ from toymodel import ROW_KEYS, simulate, simulate_seeds
 from toymodel.batched import BATCHED_KEYS
 from toymodel.simulate import DEFAULT_LR
 
-from .study import CANCEL, DAPO, DFPO, LOPTI, REVIEW, Measure, Prediction, StudyResult
+from .stats import fmt_p, paired_difference, paired_t
+from .study import (
+    BLOCKS,
+    CANCEL,
+    CONFIRM_FIRST_SEED,
+    CURVE_POINTS,
+    DAPO,
+    DFPO,
+    LOPTI,
+    REVIEW,
+    SRC_CONTROL,
+    SRC_COUPLING,
+    SRC_ENTROPY,
+    SRC_GROUP_SIZE,
+    SRC_SPEED,
+    SRC_SYMCLIP_SLOWER,
+    SRC_TAX,
+    TOL,
+    Measure,
+    Prediction,
+    StudyResult,
+    sig,
+)
 
 #: The reward threshold of steps-to-threshold and of "matched reward" (DFPO Table 2's compute-to-threshold).
 THRESHOLD = 0.9
-#: At most this many points per curve.
-CURVE_POINTS = 100
 #: torch threads while a study runs (restored after): the toy's tensors are tiny, and on a shared 2-core
 #: machine a second intra-op thread bought nothing when idle and cost up to 10× when another job was running.
 THREADS = 1
@@ -202,6 +223,22 @@ def first_reaching(values: np.ndarray, threshold: float = THRESHOLD) -> int | No
     return int(hit[0]) if hit.size else None
 
 
+def at_threshold(
+    reward: np.ndarray, values: np.ndarray, k: int | None, threshold: float = THRESHOLD
+) -> float:
+    """``values`` read where ``reward`` crosses ``threshold``, linearly interpolated between step k − 1
+    and the first step k with reward ≥ threshold (one step can add ~0.1 to E[R] at lr 1.0, so the value
+    at step k overshoots the matched reward). At k = 0 the value of step 1 (nothing before it is logged);
+    NaN when the run never crosses."""
+    if k is None:
+        return math.nan
+    if k == 0:
+        return float(values[0])
+    r0, r1 = float(reward[k - 1]), float(reward[k])
+    f = 1.0 if r1 == r0 else (threshold - r0) / (r1 - r0)
+    return float(values[k - 1] + f * (values[k] - values[k - 1]))
+
+
 def _mean_finite(x: np.ndarray, where: np.ndarray | None = None) -> float:
     x = np.asarray(x, dtype=float)
     keep = np.isfinite(x) if where is None else (np.isfinite(x) & where)
@@ -255,7 +292,7 @@ def measure_seed(
         v = np.asarray(cols[key], dtype=float)
         out[f"{key}_final"] = float(v[-1])
         out[f"{key}_at_step_{early_step}"] = at(v, early)
-        out[f"{key}_at_threshold"] = at(v, k)
+        out[f"{key}_at_threshold"] = at_threshold(er, v, k, threshold)
     for key in RESIDUALS:
         out[key] = _mean_finite(cols[key])
     updated = np.asarray(cols["updated"], dtype=float)
@@ -272,10 +309,6 @@ def curve_points(steps: int, points: int = CURVE_POINTS) -> np.ndarray:
     return np.unique(np.linspace(0, steps - 1, min(points, steps)).round().astype(int))
 
 
-def _sig(x: float, digits: int = 6) -> float | None:
-    return None if not math.isfinite(x) else float(f"{x:.{digits}g}")
-
-
 # --------------------------------------------------------------------------------------------------
 # a study: its arms, sizes, measures and predictions
 
@@ -284,13 +317,17 @@ def _sig(x: float, digits: int = 6) -> float | None:
 class Sizes:
     """How big a study runs: seeds of the batched arms, seeds of the per-seed (``simulate``) arms, steps,
     the seeds on which a batched arm is re-run with ``simulate`` for the objective's metrics (0: none),
-    and the seeds kept in the curves."""
+    the seeds kept in the curves, and the confirmation block's seeds (batched, per-seed): a per-seed
+    arm runs ``simulate`` once per seed (about 30 s per 32 seeds of a study), so the per-seed studies
+    confirm on fewer seeds than the batched ones."""
 
     seeds: int
     sim_seeds: int
     steps: int
     metric_seeds: int = 0
     curve_seeds: int = 32
+    confirm_seeds: int = 1024
+    confirm_sim_seeds: int = 256
 
 
 @dataclass(frozen=True)
@@ -311,7 +348,7 @@ class ToyStudy:
     quick: Sizes
     early_step: int = 20
     per_seed_only: bool = False
-    derive: Callable[[ToyStudy, dict[str, dict[str, dict[str, float]]]], list[str]] | None = None
+    derive: Callable[[ToyStudy, dict[str, dict[str, dict[str, float]]], int], list[str]] | None = None
 
     def arm(self, name: str) -> Arm:
         for a in self.arms:
@@ -392,10 +429,20 @@ class ToyStudy:
         steps: int | None = None,
         metric_seeds: int | None = None,
         curve_seeds: int | None = None,
+        block: str = "discovery",
         progress: Callable[[str], Any] | None = print,
     ) -> StudyResult:
-        """Train every arm and build the ``StudyResult`` (sizes: ``quick`` or ``full``, each overridable)."""
+        """Train every arm and build the ``StudyResult`` (sizes: ``quick`` or ``full``, each overridable).
+
+        ``block="confirmation"`` runs the confirmation block: seeds from ``CONFIRM_FIRST_SEED``, the
+        sizes' ``confirm_seeds`` / ``confirm_sim_seeds`` (unless ``seeds`` / ``sim_seeds`` are given)."""
+        if block not in BLOCKS:
+            raise ValueError(f"`block` must be one of {BLOCKS}, got {block!r}")
         base = self.quick if quick else self.full
+        confirm = block == "confirmation"
+        if confirm and not quick:  # quick mode's confirmation block is as small as its discovery block
+            base = Sizes(base.confirm_seeds, base.confirm_sim_seeds, base.steps, base.metric_seeds,
+                         base.curve_seeds, base.confirm_seeds, base.confirm_sim_seeds)  # fmt: skip
         sz = Sizes(
             seeds=base.seeds if seeds is None else seeds,
             sim_seeds=base.sim_seeds if sim_seeds is None else sim_seeds,
@@ -406,11 +453,13 @@ class ToyStudy:
         threads = torch.get_num_threads()
         torch.set_num_threads(THREADS)
         try:
-            return self._run(sz, progress)
+            return self._run(sz, progress, first=CONFIRM_FIRST_SEED if confirm else 0, block=block)
         finally:
             torch.set_num_threads(threads)
 
-    def _run(self, sz: Sizes, progress: Callable[[str], Any] | None) -> StudyResult:
+    def _run(
+        self, sz: Sizes, progress: Callable[[str], Any] | None, *, first: int, block: str
+    ) -> StudyResult:
         say = progress or (lambda _msg: None)
         started = time.perf_counter()
         keys = self.measure_keys()
@@ -426,11 +475,11 @@ class ToyStudy:
             t0 = time.perf_counter()
             batched = arm.batched and not self.per_seed_only
             n = sz.seeds if all_batched else sz.sim_seeds
-            runs = run_arm(arm, self.scenario, range(n), sz.steps, per_seed=not batched)
+            runs = run_arm(arm, self.scenario, range(first, first + n), sz.steps, per_seed=not batched)
             metric_runs: dict[int, dict[str, np.ndarray]] = {}
             m = min(sz.metric_seeds, n)
             if batched and m > 0 and any(k in METRIC_MEASURES.values() for k in keys):
-                metric_runs = run_arm(arm, self.scenario, range(m), sz.steps, per_seed=True)
+                metric_runs = run_arm(arm, self.scenario, range(first, first + m), sz.steps, per_seed=True)
             vals: dict[str, dict[str, float]] = {k: {} for k in keys}
             kw = {
                 "samples_per_step": arm.samples_per_step,
@@ -455,20 +504,24 @@ class ToyStudy:
                 curves[c][arm.name] = {
                     "x": [int(i) + 1 for i in pts],
                     "seeds": {
-                        str(s): [_sig(float(x)) for x in cols[c][pts]]
+                        str(s): [sig(float(x)) for x in cols[c][pts]]
                         for s, cols in runs.items()
-                        if s < sz.curve_seeds
+                        if s < first + sz.curve_seeds
                     },
                 }
             paths[arm.name] = (
                 f"simulate_seeds, {n} seeds" if batched else f"simulate per seed, {n} seeds"
-            ) + (f" (+ simulate on seeds 0-{m - 1} for the objective's metrics)" if metric_runs else "")
+            ) + (
+                f" (+ simulate on seeds {first}-{first + m - 1} for the objective's metrics)"
+                if metric_runs
+                else ""
+            )
             say(
                 f"  {self.name}: {arm.name:<28} {paths[arm.name]}, {sz.steps} steps: {time.perf_counter() - t0:.1f} s"
             )
         notes = list(self.notes)
         if self.derive is not None:
-            notes += self.derive(self, per_seed)
+            notes += self.derive(self, per_seed, sz.steps)
         notes.append(NOT_IN_TOY)
         arms = {
             a.name: {"label": a.label, "config": {**a.config(), "path": paths[a.name]}} for a in self.arms
@@ -479,7 +532,8 @@ class ToyStudy:
         parts = [
             f"toymodel scenario `{self.scenario}`, {sz.steps} steps per run, plain SGD; "
             f"{_shared_settings(self.arms)}; threshold E[R] ≥ {THRESHOLD:g} (the exact expected reward); "
-            "seeds 0..n−1, the same seed ids in every arm (common random numbers).",
+            f"{block.capitalize()} block: seeds {first}..{first}+n−1, the same seed ids in every arm (common "
+            "random numbers).",
         ]
         n_seeds = sz.seeds if all_batched else sz.sim_seeds
         if batched_arms:
@@ -500,10 +554,10 @@ class ToyStudy:
         if batched_arms and sz.metric_seeds and any(k in METRIC_MEASURES.values() for k in keys):
             parts.append(
                 "Objective metrics (Asym, clip fractions), which the batched toy does not compute: "
-                f"toymodel.simulate on seeds 0-{min(sz.metric_seeds, sz.seeds) - 1} of each batched arm."
+                f"toymodel.simulate on seeds {first}-{first + min(sz.metric_seeds, sz.seeds) - 1} of each batched arm."
             )
         parts.append(
-            f"Sample budget of samples-to-threshold: {budget} samples. Curves: seeds 0-{n_curve - 1} at "
+            f"Sample budget of samples-to-threshold: {budget} samples. Curves: seeds {first}-{first + n_curve - 1} at "
             f"≤ {CURVE_POINTS} evenly spaced steps."
         )
         setting = " ".join(parts)
@@ -520,6 +574,8 @@ class ToyStudy:
             predictions=list(self.predictions),
             notes=notes,
             seconds=time.perf_counter() - started,
+            block=block,
+            first_seed=first,
         )
 
 
@@ -550,6 +606,10 @@ EQUIV = "equivalent_solutions"
 #: GSPO's / DFPO's clip range (3e-4 / 4e-4) is each objective's default; these widen it.
 WIDE_SEQ = {"epsilon_low": 0.2, "epsilon_high": 0.2}
 WIDE_TOK = {"epsilon_low": 0.4, "epsilon_high": 0.4}
+#: GRPO without its lower clip: ε_low → 1 (the objectives need ε_low < 1; at 1 − 1e-9 the lower bound
+#: 1e-9 never binds), so the clip is [0, 1 + ε_high] like GRPO-fix's for positive advantages and PPO's upper
+#: bound alone for negative ones: the arm that separates "symmetric" from "no lower bound".
+NO_LOW_CLIP = {"epsilon_low": 1 - 1e-9, "epsilon_high": 0.2}
 
 
 _p = Prediction  # (claim, source, measure, arm, baseline, direction), positionally
@@ -574,10 +634,19 @@ _MAIN_ARMS = (
     ),
 )
 _K_MAIN = 20
-_T2 = f"{DFPO}, Sec. 4.5 Prediction 1 (eq. 19); Sec. 6 Table 2"
-_CTRL = f"{REVIEW}; {DFPO} App. K eq. 86"
-_TAX = f"{DFPO}, Sec. 4.4; App. E, G (learning tax)"
-_ENT = f"{DFPO}, Prop. 3.1; Sec. 4.4; App. A.3 eq. 39-41"
+_T2 = SRC_SPEED
+_CTRL = SRC_CONTROL
+_TAX = SRC_TAX
+_ENT = SRC_ENTROPY
+_NO_GRAD = (
+    "on the toy the no-stop-grad ablation has an identically zero gradient (Σ_i Â_i·min_j s̄_j ≡ 0 with "
+    "zero-sum advantages and seq-mean-token-mean), so it never learns: the comparison is decided by its "
+    "construction, not by instability"
+)
+_HALF = (
+    "on the toy, scale by 0.5 under the paper's estimator is the eq. 86 control at half the step "
+    "(tests/cancellation/test_transforms.py): this compares step sizes, which toy_frontier does properly"
+)
 _MAIN_PREDICTIONS = (
     _p("DFPO Min-Replace reaches E[R] ≥ 0.9 in fewer steps than GSPO", _T2, "steps_to_threshold",
        "dfpo_min_replace", "gspo", "lower"),
@@ -589,9 +658,6 @@ _MAIN_PREDICTIONS = (
        _CTRL, "steps_to_threshold", "dfpo_orth_proj_pos", "gspo_eq86", "lower"),
     _p("DFPO's E[R] curve has lower Jitter₂ than GSPO's", f"{DFPO}, Sec. 4.5 Prediction 2 (eq. 20-21); Sec. 6",
        "jitter2_expected_reward", "dfpo_min_replace", "gspo", "lower"),
-    _p("DFPO's training-reward curve (sampled groups) has lower Jitter₂ than GSPO's",
-       f"{DFPO}, Sec. 4.5 Prediction 2 (eq. 20-21); Sec. 6, Fig. 2", "jitter2_sampled_reward",
-       "dfpo_min_replace", "gspo", "lower"),
     _p("DFPO ends with a higher E[R] than GSPO", f"{DFPO}, Sec. 4.5 Prediction 3 (eq. 22); Table 1",
        "final_reward", "dfpo_min_replace", "gspo", "higher"),
     _p("DFPO keeps a higher equivalent-set entropy than GSPO at matched reward", _ENT,
@@ -607,13 +673,13 @@ _MAIN_PREDICTIONS = (
     _p("DFPO cancels on tokens the whole group shares, GSPO does not (group-shared residual)",
        f"{DFPO}, Sec. 4.4 (eq. 17-18); Prop. 3.1", "group_shared_residual", "dfpo_min_replace", "gspo", "lower"),
     _p("DFPO ends higher than its no-stop-grad ablation", f"{DFPO}, Sec. 6.2 Table 3", "final_reward",
-       "dfpo_min_replace", "dfpo_no_stop_grad", "higher"),
+       "dfpo_min_replace", "dfpo_no_stop_grad", "higher", by_construction=_NO_GRAD),
     _p("DFPO reaches E[R] ≥ 0.9 sooner than its no-stop-grad ablation", f"{DFPO}, Sec. 6.2 Table 3",
-       "steps_to_threshold", "dfpo_min_replace", "dfpo_no_stop_grad", "lower"),
+       "steps_to_threshold", "dfpo_min_replace", "dfpo_no_stop_grad", "lower", by_construction=_NO_GRAD),
     _p("DFPO ends higher than the global 0.5 scaling (not just a smaller step)", f"{DFPO}, Sec. 6.2 Table 3",
-       "final_reward", "dfpo_min_replace", "dfpo_scale_half", "higher"),
+       "final_reward", "dfpo_min_replace", "dfpo_scale_half", "higher", by_construction=_HALF),
     _p("DFPO reaches E[R] ≥ 0.9 sooner than the global 0.5 scaling", f"{DFPO}, Sec. 6.2 Table 3",
-       "steps_to_threshold", "dfpo_min_replace", "dfpo_scale_half", "lower"),
+       "steps_to_threshold", "dfpo_min_replace", "dfpo_scale_half", "lower", by_construction=_HALF),
     _p("GRPO-fix leaves a lower group-shared residual than GRPO", f"{DFPO}, App. F eq. 75-76; App. H eq. 79-82",
        "group_shared_residual", "grpo_symclip", "grpo", "lower"),
     _p("GRPO-fix ends higher than GRPO", f"{DFPO}, Table 1 (GRPO-fix > GRPO)", "final_reward", "grpo_symclip",
@@ -637,6 +703,9 @@ _MAIN_NOTES = (
     "Jitter₂ (eq. 20) is blind to a linear trend but not to curvature: over a whole run it also grows with "
     "how sharply the reward rises, so a faster-learning arm can score a higher Jitter₂ of E[R] without "
     "oscillating (E[R] is exact here, so its Jitter₂ has no sampling noise; the sampled-reward curve's has).",
+    "No prediction reads the Jitter₂ of the sampled reward (the training reward an LM logs): its noise is the "
+    "binomial p(1 − p)/G of the sampled groups, smaller near E[R] = 1, which the faster arm reaches first, "
+    "so it mostly measures the reward level, not the smoothness of the updates. The measure is still shown.",
 )
 
 
@@ -654,7 +723,7 @@ def _gs_arms() -> tuple[Arm, ...]:
     return tuple(arms)
 
 
-def _gs_derive(study: ToyStudy, per_seed: dict[str, dict[str, dict[str, float]]]) -> list[str]:
+def _gs_derive(study: ToyStudy, per_seed: dict[str, dict[str, dict[str, float]]], steps: int) -> list[str]:
     """gain_vs_gspo / gain_vs_control: 1 − steps(arm) / steps(GSPO or control) per seed, same G.
 
     NaN where either never reached the threshold (the ratio is then unknown).
@@ -688,7 +757,7 @@ def _gs_derive(study: ToyStudy, per_seed: dict[str, dict[str, dict[str, float]]]
     return notes
 
 
-_T4 = f"{DFPO}, Sec. 6.2 Table 4"
+_T4 = SRC_GROUP_SIZE
 _GS_PREDICTIONS = (
     *(
         _p(f"G = {g}: DFPO reaches E[R] ≥ 0.9 in fewer steps than GSPO", _T4, "steps_to_threshold",
@@ -738,7 +807,7 @@ def _bt_arms() -> tuple[Arm, ...]:
     return tuple(arms)
 
 
-def _bt_derive(study: ToyStudy, per_seed: dict[str, dict[str, dict[str, float]]]) -> list[str]:
+def _bt_derive(study: ToyStudy, per_seed: dict[str, dict[str, dict[str, float]]], steps: int) -> list[str]:
     out = []
     for arm in study.arms:
         if arm.reward_balanced_rho is not None:
@@ -888,6 +957,7 @@ _EPS_ARMS = (
     ),
     Arm("grpo_wide", "GRPO, ε 0.4", "grpo", WIDE_TOK, **_EPS_BASE),
     Arm("grpo_symclip", "GRPO-fix, ε 0.2", "grpo_symclip", **_EPS_BASE),
+    Arm("grpo_no_low_clip", "GRPO, no lower clip (ε_low → 1), ε_high 0.2", "grpo", NO_LOW_CLIP, **_EPS_BASE),
     Arm("grpo_symclip_wide", "GRPO-fix, ε 0.4", "grpo_symclip", {"epsilon": 0.4}, **_EPS_BASE),
     Arm("gspo", "GSPO, ε 3e-4 / 4e-4", "gspo", **_EPS_BASE),
     Arm("gspo_wide", "GSPO, ε 0.2", "gspo", WIDE_SEQ, **_EPS_BASE),
@@ -897,7 +967,7 @@ _EPS_ARMS = (
     Arm("dfpo_wide", "DFPO Min-Replace, ε 0.2", "dfpo", WIDE_SEQ, **_EPS_BASE),
 )
 _K_EPS = 10
-_COUPLE = f"{DFPO}, eq. 13; App. A.2 eq. 38"
+_COUPLE = SRC_COUPLING
 _EPS_PREDICTIONS = (
     _p("GSPO's group-shared residual rises with ε (sequence weights spread inside a wider band)", _COUPLE,
        "group_shared_residual", "gspo_wide", "gspo", "higher"),
@@ -915,8 +985,13 @@ _EPS_PREDICTIONS = (
        "sequence_net_residual", "grpo_symclip", "grpo", "lower"),
     _p("GRPO-fix has a lower Asym than GRPO at ε 0.2", f"{DFPO}, App. H; Sec. 6.1 (eq. 23)", "asym",
        "grpo_symclip", "grpo", "lower"),
-    _p("GRPO-fix reaches E[R] ≥ 0.9 sooner than GRPO at ε 0.2", f"{DFPO}, Table 1 (GRPO-fix > GRPO)",
-       "steps_to_threshold", "grpo_symclip", "grpo", "lower"),
+    _p("GRPO-fix reaches E[R] ≥ 0.9 later than GRPO at ε 0.2 (symmetric clipping is more conservative, "
+       "slower)", SRC_SYMCLIP_SLOWER, "steps_to_threshold", "grpo_symclip", "grpo", "higher"),
+    _p("GRPO-fix ends with a higher E[R] than GRPO at ε 0.2", f"{DFPO}, Table 1 (GRPO-fix > GRPO, final "
+       "accuracy)", "final_reward", "grpo_symclip", "grpo", "higher"),
+    _p("DFPO keeps a higher equivalent-set entropy than the eq. 86 control at ε 0.2, where the transform acts "
+       "(matched reward)", f"{_ENT}; {REVIEW}", "equiv_entropy_at_threshold", "dfpo_wide", "gspo_eq86_wide",
+       "higher"),
     _p("Clip-higher keeps a higher equivalent-set entropy than GRPO", f"{DAPO}, Sec. 3.1 (Clip-Higher)",
        "equiv_entropy_final", "grpo_clip_higher", "grpo", "higher"),
     _p("DFPO reaches E[R] ≥ 0.9 sooner than GSPO at the paper's ε", _T2, "steps_to_threshold", "dfpo", "gspo",
@@ -930,6 +1005,35 @@ _EPS_PREDICTIONS = (
     _p("With bigger steps, DFPO reaches E[R] ≥ 0.9 sooner than the eq. 86 control at ε 0.2 (credit to the "
        "transform)", f"{_T2}; {REVIEW}", "steps_to_threshold", "dfpo_wide", "gspo_eq86_wide", "lower"),
 )  # fmt: skip
+
+
+def _eps_derive(study: ToyStudy, per_seed: dict[str, dict[str, dict[str, float]]], steps: int) -> list[str]:
+    """Where GRPO-fix's speed comes from: GRPO-fix − GRPO and GRPO-fix − GRPO without the lower clip, in
+    steps to E[R] ≥ 0.9 (paired t interval, never-reached seeds at the horizon)."""
+    out = []
+    fix = per_seed.get("grpo_symclip", {}).get("steps_to_threshold", {})
+    for other, what in (("grpo", "GRPO"), ("grpo_no_low_clip", "GRPO without the lower clip")):
+        base = per_seed.get(other, {}).get("steps_to_threshold", {})
+        common = sorted(set(fix) & set(base))
+        if len(common) < 2:
+            continue
+        pd = paired_difference({k: fix[k] for k in common}, {k: base[k] for k in common}, horizon=float(steps),
+                               n_boot=1, tol=TOL)  # fmt: skip
+        mean, low, high, pval = paired_t(pd.differences)
+        out.append(
+            f"GRPO-fix − {what}, steps to E[R] ≥ {THRESHOLD:g}: {mean:+.3g} [{low:+.3g}, {high:+.3g}] (95 % t "
+            f"interval, n = {pd.n}, t-test p = {fmt_p(pval)}; a comparison, not a registered prediction)."
+        )
+    if len(out) == 2:
+        out.append(
+            "Read together: GRPO-fix's clip is [0, 1 + ε] for both signs, GRPO's without the lower clip is "
+            "[0, 1 + ε] for positive advantages and PPO's upper bound alone for negative ones. A difference "
+            "against GRPO with none against the no-lower-clip arm says the speed comes from dropping the lower "
+            "bound, not from the symmetry."
+        )
+    return out
+
+
 _EPS_NOTES = (
     "Bigger steps than the other toy studies (lr 1.0, 8 inner epochs; every arm), so that ratios leave 1 "
     "far enough for GRPO's clip to bind (at lr 0.5 and 4 inner epochs no ratio leaves [0.8, 1.2] and GRPO "
@@ -1132,6 +1236,7 @@ STUDIES: dict[str, ToyStudy] = {
             curves=("expected_reward", "template_kl"),
             predictions=_EPS_PREDICTIONS,
             notes=_EPS_NOTES,
+            derive=_eps_derive,
             full=Sizes(seeds=256, sim_seeds=32, steps=100, metric_seeds=16),
             quick=Sizes(seeds=32, sim_seeds=8, steps=60, metric_seeds=2),
             early_step=_K_EPS,
@@ -1149,10 +1254,12 @@ def run_study(
     steps: int | None = None,
     metric_seeds: int | None = None,
     curve_seeds: int | None = None,
+    block: str = "discovery",
     progress: Callable[[str], Any] | None = print,
 ) -> StudyResult:
-    """Run one study of ``STUDIES`` (its full or quick sizes; any size can be overridden, e.g. a tiny slice
-    ``run_study("toy_main", seeds=2, sim_seeds=2, steps=12, metric_seeds=1)`` for a test)."""
+    """Run one study of ``STUDIES`` on one block of seeds (its full or quick sizes; any size can be
+    overridden, e.g. a tiny slice ``run_study("toy_main", seeds=2, sim_seeds=2, steps=12,
+    metric_seeds=1)`` for a test)."""
     if name not in STUDIES:
         raise ValueError(f"unknown toy study {name!r}; valid: {', '.join(STUDIES)}")
     return STUDIES[name].run(
@@ -1162,8 +1269,14 @@ def run_study(
         steps=steps,
         metric_seeds=metric_seeds,
         curve_seeds=curve_seeds,
+        block=block,
         progress=progress,
     )
+
+
+def result_path(out_dir: Path, name: str, block: str) -> Path:
+    """Where a study's block is saved: ``<name>.json.gz`` (discovery), ``<name>.confirmation.json.gz``."""
+    return Path(out_dir) / (f"{name}.json.gz" if block == "discovery" else f"{name}.{block}.json.gz")
 
 
 def run_toy(
@@ -1173,22 +1286,33 @@ def run_toy(
     only: Sequence[str] | None = None,
     progress: Callable[[str], Any] | None = print,
 ) -> list[StudyResult]:
-    """Run the toy studies (all, or those named in ``only``), save each as ``out_dir/<name>.json``, return them."""
-    names = list(STUDIES) if only is None else list(only)
-    unknown = [n for n in names if n not in STUDIES]
+    """Run the toy studies (all, or those named in ``only``: ``STUDIES`` and ``toy_frontier``), each on
+    its discovery block and then on its confirmation block (fresh seeds, same arms and predictions), save
+    each block (``result_path``) and return them in that order."""
+    from .frontier import NAME as FRONTIER
+    from .frontier import run_frontier
+
+    valid = [*STUDIES, FRONTIER]
+    names = valid if only is None else list(only)
+    unknown = [n for n in names if n not in valid]
     if unknown:
         raise ValueError(
-            f"unknown toy stud{'y' if len(unknown) == 1 else 'ies'} {unknown}; valid: {', '.join(STUDIES)}"
+            f"unknown toy stud{'y' if len(unknown) == 1 else 'ies'} {unknown}; valid: {', '.join(valid)}"
         )
     out_dir = Path(out_dir)
     say = progress or (lambda _msg: None)
     results = []
     for name in names:
         t0 = time.perf_counter()
-        study = run_study(name, quick=quick, progress=progress)
-        path = study.save(out_dir / f"{name}.json")
-        say(f"{name}: {len(study.arms)} arms, {time.perf_counter() - t0:.1f} s -> {path}")
-        results.append(study)
+        if name == FRONTIER:
+            blocks = run_frontier(quick=quick, progress=progress)
+        else:
+            blocks = [run_study(name, quick=quick, block=block, progress=progress) for block in BLOCKS]
+        for study in blocks:
+            path = study.save(result_path(out_dir, name, study.block))
+            say(f"{name} ({study.block}): {len(study.arms)} arms -> {path}")
+        say(f"{name}: {time.perf_counter() - t0:.1f} s")
+        results += blocks
     return results
 
 
@@ -1198,7 +1322,9 @@ __all__ = [
     "Arm",
     "Sizes",
     "ToyStudy",
+    "at_threshold",
     "measure_seed",
+    "result_path",
     "run_arm",
     "run_study",
     "run_toy",

@@ -10,11 +10,12 @@ from __future__ import annotations
 import math
 import shutil
 
+import numpy as np
 import pytest
 
 from experiments.__main__ import main
 from experiments.report import compact_table, write_report
-from experiments.study import Measure, Prediction, StudyResult
+from experiments.study import MIN_SEEDS, Measure, Prediction, StudyResult, decide
 
 SEEDS = [str(s) for s in range(8)]
 
@@ -57,24 +58,98 @@ def _study(**overrides) -> StudyResult:
     return StudyResult(**kw)
 
 
-def test_verdicts_follow_the_paired_difference() -> None:
-    v = _study().verdicts(n_boot=2000)
-    # fast − base = −1 on every seed: the CI is [−1, −1]
-    assert (v[0].verdict, v[0].diff, v[0].low, v[0].high, v[0].n) == ("held", -1.0, -1.0, -1.0, 8)
-    assert v[0].sign_p == pytest.approx(2 * 0.5**8)  # exact sign test, 8 of 8 negative
+#: Student's t, 0.975 quantile with 7 degrees of freedom (a printed table).
+T975_7 = 2.364624252
+
+
+def test_verdicts_follow_the_paired_t_test() -> None:
+    v = _study().verdicts()
+    # fast − base = −1 on every seed: no spread, the interval is [−1, −1] and p = 0
+    assert (v[0].verdict, v[0].diff, v[0].low, v[0].high, v[0].n, v[0].p) == (
+        "held",
+        -1.0,
+        -1.0,
+        -1.0,
+        8,
+        0.0,
+    )
+    assert v[0].perm_p == pytest.approx(
+        2 / 2**8
+    )  # exact sign-flip test: only the two one-sign flips are as extreme
     assert v[1].verdict == "contradicted"
     # noisy: seed 0 never reached (counts as the horizon 10: 10 − 2 = +8), the rest alternate ±1
-    diffs = [8.0] + [1.0 if i % 2 else -1.0 for i in range(1, 8)]
-    assert v[2].diff == pytest.approx(sum(diffs) / 8)
-    assert v[2].verdict == "not resolved" and v[2].low < 0 < v[2].high
+    d = np.array([8.0] + [1.0 if i % 2 else -1.0 for i in range(1, 8)])
+    se = d.std(ddof=1) / math.sqrt(8)
+    assert v[2].diff == pytest.approx(d.mean())
+    assert (v[2].low, v[2].high) == pytest.approx((d.mean() - T975_7 * se, d.mean() + T975_7 * se), abs=1e-8)
+    assert v[2].verdict == "not resolved"
     assert (v[3].verdict, v[3].diff) == ("held", 0.25)
+    # Holm over the family of four: the adjusted p is the step-down maximum of (m − rank + 1)·p
+    raw = [x.p for x in v]
+    order = sorted(range(4), key=lambda i: raw[i])
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (4 - rank) * raw[i]))
+        assert v[i].p_adj == pytest.approx(running)
+
+
+def _diff_study(
+    d: list[float], *, by_construction: str | None = None, horizon: float | None = None
+) -> StudyResult:
+    """A study whose only prediction ("b lower than a") has the paired differences ``d``."""
+    seeds = [str(i) for i in range(len(d))]
+    return StudyResult(
+        name="toy_d", title="d", question="q", setting="s", baseline="a",
+        arms={"a": {}, "b": {}}, measures=[Measure("m", "m", "lower", horizon)],
+        per_seed={"a": {"m": {s: 0.0 for s in seeds}}, "b": {"m": dict(zip(seeds, d, strict=True))}},
+        predictions=[Prediction("b is lower", "made up", "m", "b", "a", "lower", by_construction=by_construction)],
+    )  # fmt: skip
+
+
+def test_holm_across_the_family_can_undo_a_lone_verdict() -> None:
+    lone = _diff_study([-1.0, -1.2, -0.2, -0.9, 0.3, -1.1, -0.4, -0.8])
+    (v,) = lone.verdicts()
+    assert 0.005 < v.p < 0.025 and v.verdict == "held"  # alone it holds
+    # beside six predictions with p ≈ 0.47 Holm multiplies the smallest p (0.0085) by 7: 0.06
+    family = decide([lone] + [_diff_study([-1.0, 0.5, -0.4, 0.7, -0.9, 0.2, -0.6, 0.1])] * 6)
+    assert family[0].p == v.p and family[0].p_adj == pytest.approx(7 * v.p)
+    assert family[0].verdict == "not resolved"
+    assert [x.verdict for x in decide([lone], adjust="none")] == ["held"]
+
+
+def test_verdict_edge_cases() -> None:
+    # exactly MIN_SEEDS seeds are decided; one fewer are not
+    assert _diff_study([-1.0] * MIN_SEEDS).verdicts()[0].verdict == "held"
+    short = _diff_study([-1.0] * (MIN_SEEDS - 1)).verdicts()[0]
+    assert (short.verdict, short.diff, short.n) == ("too few seeds", -1.0, MIN_SEEDS - 1)
+    # ties from seeds that never reached the threshold: both at the horizon, only one seed differs
+    tied = _diff_study([0.0] * 7 + [-1.0], horizon=10.0).verdicts()[0]
+    assert tied.verdict == "not resolved" and tied.high > 0
+    # floating-point noise is a tie, not a difference with a tiny p
+    noise = _diff_study([-1e-15] * 8).verdicts()[0]
+    assert (noise.verdict, noise.diff, noise.p) == ("not resolved", 0.0, 1.0)
+    # by construction: shown with its difference, never held, left out of the family
+    bc = _diff_study([-1.0] * 8, by_construction="zero gradient")
+    v = decide([bc, _diff_study([-1.0, -1.2, -0.2, -0.9, 0.3, -1.1, -0.4, -0.8])])
+    assert (v[0].verdict, v[0].diff) == ("by construction", -1.0)
+    assert v[1].p_adj == v[1].p  # a family of one: nothing to adjust
+
+
+def test_the_verdict_uses_the_level_the_report_prints(tmp_path) -> None:
+    # t = mean/se with p between 0.05 and 0.10: held at 90 %, not at 95 %
+    st = _diff_study([-1.0, 0.4, -0.8, -0.3, 0.3, -1.0, -0.2, -0.5])  # p = 0.084
+    v95, v90 = st.verdicts(level=0.95)[0], st.verdicts(level=0.90)[0]
+    assert 0.05 < v95.p < 0.10 and (v95.verdict, v90.verdict) == ("not resolved", "held")
+    text = write_report([st], tmp_path / "R.md", png=False, level=0.90).read_text()
+    assert "90% t interval" in text and "below 0.1 and the difference" in text
+    assert "✅ held" in text
 
 
 def test_fewer_than_five_seeds_give_no_verdict() -> None:
     keep = SEEDS[:4]
     small = _study(per_seed={arm: {m: {s: v for s, v in vals.items() if s in keep} for m, vals in d.items()}
                              for arm, d in _study().per_seed.items()})  # fmt: skip
-    v = small.verdicts(n_boot=500)
+    v = small.verdicts()
     assert [x.verdict for x in v] == ["too few seeds"] * 4
     assert v[0].diff == -1.0 and v[0].n == 4  # the difference is still reported
 
@@ -97,7 +172,7 @@ def test_json_round_trip_keeps_inf_and_nan(tmp_path) -> None:
     assert math.isnan(t.per_seed["noisy"]["final"]["1"])
     assert t.values("fast", "steps") == s.values("fast", "steps")
     assert t.measures == s.measures and t.predictions == s.predictions
-    assert [x.verdict for x in t.verdicts(n_boot=500)] == [x.verdict for x in s.verdicts(n_boot=500)]
+    assert t.verdicts() == s.verdicts()
 
 
 def test_compact_table_means_by_hand() -> None:

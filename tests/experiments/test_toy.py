@@ -10,8 +10,18 @@ import math
 import pytest
 import torch
 
-from experiments.study import StudyResult
-from experiments.toy import STUDIES, THRESHOLD, Sizes, measure_seed, run_arm, run_study, run_toy
+from experiments.study import CONFIRM_FIRST_SEED, StudyResult
+from experiments.toy import (
+    STUDIES,
+    THRESHOLD,
+    Sizes,
+    at_threshold,
+    measure_seed,
+    result_path,
+    run_arm,
+    run_study,
+    run_toy,
+)
 from toymodel import simulate, simulate_seeds
 
 #: The smallest slice of a study: 2 seeds (per path), 12 steps, 1 seed of objective metrics.
@@ -57,7 +67,7 @@ def test_each_study_slice_runs_and_round_trips(name: str, tmp_path) -> None:
     assert [m.key for m in back.measures] == [m.key for m in study.measures]
     assert back.measure("steps_to_threshold").horizon == 12.0
     assert back.predictions == study.predictions and back.notes == study.notes
-    assert [v.verdict for v in back.verdicts(n_boot=200)] == [v.verdict for v in study.verdicts(n_boot=200)]
+    assert back.verdicts() == study.verdicts()
 
 
 def test_measures_equal_a_plain_loop_over_simulate_rows() -> None:
@@ -75,11 +85,12 @@ def test_measures_equal_a_plain_loop_over_simulate_rows() -> None:
         for seed in range(3):
             rows = simulate("template_task", arm.objective, steps=steps, seed=seed, **arm.run_kwargs())
             s = str(seed)
-            hit = None
+            hit, prev = None, None
             for row in rows:  # the first step whose exact E[R] reaches the threshold
                 if row["expected_reward"] >= THRESHOLD:
                     hit = row
                     break
+                prev = row
             if hit is None:
                 assert got["steps_to_threshold"][s] == math.inf
                 assert got["samples_to_threshold"][s] == math.inf
@@ -89,8 +100,17 @@ def test_measures_equal_a_plain_loop_over_simulate_rows() -> None:
                 reached += 1
                 assert got["steps_to_threshold"][s] == hit["step"]
                 assert got["samples_to_threshold"][s] == hit["step"] * 8 * 1  # steps × G × groups
-                assert got["template_kl_at_threshold"][s] == pytest.approx(hit["template_kl"], abs=1e-9)
-                assert got["equiv_entropy_at_threshold"][s] == pytest.approx(hit["equiv_entropy"], abs=1e-9)
+                # matched reward: the straight line between the step before and the crossing step, at 0.9
+                f = (
+                    1.0
+                    if prev is None
+                    else (THRESHOLD - prev["expected_reward"])
+                    / (hit["expected_reward"] - prev["expected_reward"])
+                )
+                for key in ("template_kl", "equiv_entropy"):
+                    before = hit[key] if prev is None else prev[key]
+                    want = before + f * (hit[key] - before)
+                    assert got[f"{key}_at_threshold"][s] == pytest.approx(want, abs=1e-9)
             assert got["final_reward"][s] == pytest.approx(rows[-1]["expected_reward"], abs=1e-9)
             assert got["reward_at_step_20"][s] == pytest.approx(rows[19]["expected_reward"], abs=1e-9)
             assert got["template_kl_at_step_20"][s] == pytest.approx(rows[19]["template_kl"], abs=1e-9)
@@ -137,7 +157,9 @@ def test_measure_seed_by_hand() -> None:
     assert m["steps_to_threshold"] == 2.0 and m["samples_to_threshold"] == 32.0
     assert m["final_reward"] == 0.92 and m["reward_at_step_3"] == 0.8
     assert m["reward_at_sample_budget"] == 0.92  # 64 samples = step 4 at 16 a step
-    assert (m["equiv_entropy_at_threshold"], m["template_kl_at_threshold"]) == (0.9, 0.1)
+    # matched reward is interpolated at E[R] = 0.9 between step 1 (0.5) and step 2 (0.95): 8/9 of the way
+    assert m["equiv_entropy_at_threshold"] == pytest.approx(1.0 - 0.1 * 8 / 9, abs=1e-15)
+    assert m["template_kl_at_threshold"] == pytest.approx(0.1 * 8 / 9, abs=1e-15)
     assert m["equiv_entropy_at_step_3"] == 0.8 and m["template_kl_final"] == 0.3
     assert m["equiv_log_odds_final"] == -0.3
     # |0.8 − 1.9 + 0.5| = 0.6 and |0.92 − 1.6 + 0.95| = 0.27
@@ -220,15 +242,54 @@ def test_run_toy_saves_each_study_and_refuses_unknown_names(tmp_path, monkeypatc
     for name in ("toy_low_prob", "toy_aggregation"):
         monkeypatch.setitem(STUDIES, name, dataclasses.replace(STUDIES[name], quick=tiny))
     out = run_toy(tmp_path, quick=True, only=["toy_low_prob", "toy_aggregation"], progress=None)
-    assert [s.name for s in out] == ["toy_low_prob", "toy_aggregation"]
+    assert [(s.name, s.block) for s in out] == [
+        ("toy_low_prob", "discovery"), ("toy_low_prob", "confirmation"),
+        ("toy_aggregation", "discovery"), ("toy_aggregation", "confirmation"),
+    ]  # fmt: skip
     for s in out:
-        back = StudyResult.load(tmp_path / f"{s.name}.json")
-        assert back.per_seed["grpo" if s.name == "toy_low_prob" else "grpo_seqmean"][
-            "final_reward"
-        ].keys() == {
-            "0",
-            "1",
-        }
-        assert all(list(d["seeds"]) == ["0"] for c in back.curves.values() for d in c.values())
+        first = 0 if s.block == "discovery" else CONFIRM_FIRST_SEED
+        back = StudyResult.load(result_path(tmp_path, s.name, s.block))
+        assert back.block == s.block and back.first_seed == first
+        arm = "grpo" if s.name == "toy_low_prob" else "grpo_seqmean"
+        # the blocks share no seed: discovery 0, 1; confirmation 10000, 10001
+        assert back.per_seed[arm]["final_reward"].keys() == {str(first), str(first + 1)}
+        assert all(list(d["seeds"]) == [str(first)] for c in back.curves.values() for d in c.values())
+        assert back.predictions == list(STUDIES[s.name].predictions)  # the same predictions in both blocks
     with pytest.raises(ValueError, match=r"unknown toy study.*toy_nope.*toy_main"):
         run_toy(tmp_path, only=["toy_nope"])
+
+
+def test_at_threshold_interpolates_between_the_steps_around_the_crossing() -> None:
+    import numpy as np
+
+    reward = np.array([0.7, 0.85, 0.95, 0.99])
+    kl = np.array([0.01, 0.02, 0.06, 0.07])
+    # E[R] crosses 0.9 halfway from step 2 (0.85) to step 3 (0.95): KL halfway from 0.02 to 0.06
+    assert at_threshold(reward, kl, 2) == pytest.approx(0.04, abs=1e-15)
+    assert at_threshold(reward, kl, 0) == 0.01  # crossed at step 1: nothing logged before it
+    assert math.isnan(at_threshold(reward, kl, None))
+    # exactly at the threshold: the value of that step
+    assert at_threshold(np.array([0.5, 0.9]), np.array([1.0, 3.0]), 1) == 3.0
+
+
+def test_confirmation_block_runs_fresh_seeds_with_the_same_arms() -> None:
+    d = run_study("toy_main", block="discovery", **SLICE)
+    c = run_study("toy_main", block="confirmation", **SLICE)
+    assert (d.block, d.first_seed, c.block, c.first_seed) == (
+        "discovery",
+        0,
+        "confirmation",
+        CONFIRM_FIRST_SEED,
+    )
+    assert list(c.arms) == list(d.arms) and c.predictions == d.predictions
+    assert set(c.per_seed["gspo"]["final_reward"]) == {str(CONFIRM_FIRST_SEED), str(CONFIRM_FIRST_SEED + 1)}
+    # a confirmation seed equals the batched toy run on that seed directly
+    arm = STUDIES["toy_main"].arm("dfpo_min_replace")
+    direct = simulate_seeds(
+        "template_task", arm.objective, [CONFIRM_FIRST_SEED], steps=12, **arm.run_kwargs()
+    )
+    assert c.per_seed["dfpo_min_replace"]["final_reward"][str(CONFIRM_FIRST_SEED)] == pytest.approx(
+        float(direct["expected_reward"][0, -1]), abs=1e-12
+    )
+    with pytest.raises(ValueError, match="`block` must be one of"):
+        run_study("toy_main", block="holdout", **SLICE)
