@@ -20,7 +20,7 @@ Studies (``STUDIES``; ``python -m experiments --only toy`` runs them all):
   normalisation or sequence coupling drive the drift between equally correct answers?
 - ``toy_epsilon``: each objective at its paper's clip range and at a wider one, with bigger steps.
 
-How an arm runs. An arm that the batched toy supports (plain SGD, query-preserved mini-batches, no
+How an arm runs. An arm that the batched toy supports (plain SGD or Adam, query-preserved mini-batches, no
 reward-balanced buffer, Lopti or AR) runs all its seeds as one computation (``toymodel.simulate_seeds``);
 the others run ``toymodel.simulate`` once per seed, with fewer seeds. Every arm of a study runs the same
 seeds (the report pairs each arm with the baseline seed by seed), so a study with a per-seed arm runs all
@@ -33,6 +33,7 @@ arm), so the differences are taken per seed. The batched toy does not compute th
 
 Compute matching: every arm of a study has the same group size, groups per step, inner epochs,
 mini-batches, steps and learning rate (plain SGD), unless the study varies exactly that (the group size
+in ``toy_group_size``, the optimizer in ``toy_optimizer``
 in ``toy_group_size``, the batching in ``toy_batching``). Lopti's two stages double the optimiser steps
 per batch (as in its public code); ``toy_low_prob`` says so.
 
@@ -139,6 +140,7 @@ class Arm:
     batching: str = "query"
     inner_epochs: int = 4
     lr: float = DEFAULT_LR["sgd"]
+    optimizer: str = "sgd"
     aggregation: str | None = None
     reward_balanced_rho: float | None = None
     lopti_eta: float | None = None
@@ -164,6 +166,7 @@ class Arm:
         kw: dict[str, Any] = {
             "group_size": self.group_size,
             "lr": self.lr,
+            "optimizer": self.optimizer,
             "inner_epochs": self.inner_epochs,
             "num_groups": self.num_groups,
             "num_minibatches": self.num_minibatches,
@@ -186,7 +189,7 @@ class Arm:
             batching=self.batching,
             inner_epochs=self.inner_epochs,
             lr=self.lr,
-            optimizer="sgd",
+            optimizer=self.optimizer,
         )
         for k in ("aggregation", "reward_balanced_rho", "lopti_eta", "ar_alpha"):
             if getattr(self, k) is not None:
@@ -530,7 +533,7 @@ class ToyStudy:
         loop_arms = [a.name for a in self.arms if a.name not in batched_arms]
         n_curve = min(sz.curve_seeds, sz.seeds if all_batched else sz.sim_seeds)
         parts = [
-            f"toymodel scenario `{self.scenario}`, {sz.steps} steps per run, plain SGD; "
+            f"toymodel scenario `{self.scenario}`, {sz.steps} steps per run; "
             f"{_shared_settings(self.arms)}; threshold E[R] ≥ {THRESHOLD:g} (the exact expected reward); "
             f"{block.capitalize()} block: seeds {first}..{first}+n−1, the same seed ids in every arm (common "
             "random numbers).",
@@ -588,6 +591,7 @@ def _shared_settings(arms: Sequence[Arm]) -> str:
         ("inner_epochs", "inner epochs"),
         ("num_minibatches", "mini-batches"),
         ("lr", "lr"),
+        ("optimizer", "optimizer"),
         ("batching", "mini-batch split"),
     ):
         values = [getattr(a, attr) for a in arms]
@@ -624,6 +628,8 @@ _MAIN_ARMS = (
     Arm("gspo_eq86", "GSPO eq. 86 control (paper's estimator, no transform)", "gspo", {"estimator": "paper"}),
     Arm("dfpo_min_replace", "DFPO Min-Replace", "dfpo", {"transform": "min_replace"}),
     Arm("dfpo_orth_proj_pos", "DFPO Orth-Proj (positive QP)", "dfpo", {"transform": "orth_proj_pos"}),
+    Arm("dfpo_orth_proj", "DFPO Orth-Proj (raw projection, eq. 18)", "dfpo", {"transform": "orth_proj"}),
+    Arm("dfpo_truncate", "DFPO truncate-and-rebalance", "dfpo", {"transform": "truncate_rebalance"}),
     Arm("dfpo_no_stop_grad", "DFPO Min-Replace, no stop-grad (Table 3)", "dfpo", {"stop_grad": False}),
     Arm("dfpo_scale_half", "DFPO scale by 0.5 (Table 3)", "dfpo", {"transform": "scale_half"}),
     Arm(
@@ -637,6 +643,7 @@ _K_MAIN = 20
 _T2 = SRC_SPEED
 _CTRL = SRC_CONTROL
 _TAX = SRC_TAX
+_GSR = f"{DFPO}, Sec. 4.4 (eq. 17-18); Prop. 3.1"
 _ENT = SRC_ENTROPY
 _NO_GRAD = (
     "on the toy the no-stop-grad ablation has an identically zero gradient (Σ_i Â_i·min_j s̄_j ≡ 0 with "
@@ -670,8 +677,8 @@ _MAIN_PREDICTIONS = (
        "template_kl_at_threshold", "dfpo_min_replace", "gspo_eq86", "lower"),
     _p("DFPO's transform lowers Asym relative to GSPO", f"{DFPO}, Sec. 6.1 (eq. 23)", "asym",
        "dfpo_min_replace", "gspo", "lower"),
-    _p("DFPO cancels on tokens the whole group shares, GSPO does not (group-shared residual)",
-       f"{DFPO}, Sec. 4.4 (eq. 17-18); Prop. 3.1", "group_shared_residual", "dfpo_min_replace", "gspo", "lower"),
+    _p("DFPO cancels on tokens the whole group shares, GSPO does not (group-shared residual)", _GSR,
+       "group_shared_residual", "dfpo_min_replace", "gspo", "lower"),
     _p("DFPO ends higher than its no-stop-grad ablation", f"{DFPO}, Sec. 6.2 Table 3", "final_reward",
        "dfpo_min_replace", "dfpo_no_stop_grad", "higher", by_construction=_NO_GRAD),
     _p("DFPO reaches E[R] ≥ 0.9 sooner than its no-stop-grad ablation", f"{DFPO}, Sec. 6.2 Table 3",
@@ -680,6 +687,14 @@ _MAIN_PREDICTIONS = (
        "final_reward", "dfpo_min_replace", "dfpo_scale_half", "higher", by_construction=_HALF),
     _p("DFPO reaches E[R] ≥ 0.9 sooner than the global 0.5 scaling", f"{DFPO}, Sec. 6.2 Table 3",
        "steps_to_threshold", "dfpo_min_replace", "dfpo_scale_half", "lower", by_construction=_HALF),
+    _p("DFPO Orth-Proj (raw) cancels on tokens the whole group shares, GSPO does not", _GSR,
+       "group_shared_residual", "dfpo_orth_proj", "gspo", "lower"),
+    _p("DFPO truncate-and-rebalance cancels on tokens the whole group shares, GSPO does not", _GSR,
+       "group_shared_residual", "dfpo_truncate", "gspo", "lower"),
+    _p("DFPO Orth-Proj (raw) reaches E[R] ≥ 0.9 in fewer steps than the eq. 86 control", _CTRL,
+       "steps_to_threshold", "dfpo_orth_proj", "gspo_eq86", "lower"),
+    _p("DFPO truncate-and-rebalance reaches E[R] ≥ 0.9 in fewer steps than the eq. 86 control", _CTRL,
+       "steps_to_threshold", "dfpo_truncate", "gspo_eq86", "lower"),
     _p("GRPO-fix leaves a lower group-shared residual than GRPO", f"{DFPO}, App. F eq. 75-76; App. H eq. 79-82",
        "group_shared_residual", "grpo_symclip", "grpo", "lower"),
     _p("GRPO-fix ends higher than GRPO", f"{DFPO}, Table 1 (GRPO-fix > GRPO)", "final_reward", "grpo_symclip",
@@ -1047,6 +1062,41 @@ _EPS_NOTES = (
 )
 
 
+# ---- toy_optimizer
+
+_ADAM = {"optimizer": "adam", "lr": DEFAULT_LR["adam"]}
+_OPT_ARMS = (
+    Arm("gspo_eq86_sgd", "eq. 86 control, SGD (lr 0.5)", "gspo", {"estimator": "paper"}),
+    Arm("dfpo_sgd", "DFPO Min-Replace, SGD (lr 0.5)", "dfpo"),
+    Arm("grpo_adam", "GRPO, Adam (lr 0.05)", "grpo", **_ADAM),
+    Arm("gspo_adam", "GSPO, Adam (lr 0.05)", "gspo", **_ADAM),
+    Arm("gspo_eq86_adam", "eq. 86 control, Adam (lr 0.05)", "gspo", {"estimator": "paper"}, **_ADAM),
+    Arm("dfpo_adam", "DFPO Min-Replace, Adam (lr 0.05)", "dfpo", **_ADAM),
+)
+_E1 = f"{DFPO}, App. E.1 (2): uncancelled gradients pollute Adam's moment estimates"
+_OPT_PREDICTIONS = (
+    _p("Under Adam, DFPO reaches E[R] ≥ 0.9 in fewer steps than the eq. 86 control", f"{_E1}; {SRC_CONTROL}",
+       "steps_to_threshold", "dfpo_adam", "gspo_eq86_adam", "lower"),
+    _p("Under Adam, DFPO's E[R] curve has lower Jitter₂ than the eq. 86 control's (fewer oscillations)", _E1,
+       "jitter2_expected_reward", "dfpo_adam", "gspo_eq86_adam", "lower"),
+    _p("Under Adam, DFPO pays less learning tax than the eq. 86 control at matched reward", f"{_E1}; {_TAX}",
+       "template_kl_at_threshold", "dfpo_adam", "gspo_eq86_adam", "lower"),
+    _p("Under Adam, DFPO keeps a higher equivalent-set entropy than the eq. 86 control at matched reward",
+       f"{_E1}; {_ENT}", "equiv_entropy_at_threshold", "dfpo_adam", "gspo_eq86_adam", "higher"),
+    _p("Under Adam, DFPO reaches E[R] ≥ 0.9 in fewer steps than GSPO", f"{_E1}; {_T2}", "steps_to_threshold",
+       "dfpo_adam", "gspo_adam", "lower"),
+)  # fmt: skip
+_OPT_NOTES = (
+    "The papers train with AdamW; the other toy studies use plain SGD, whose step is the gradient itself, so "
+    "a token whose coefficients cancel does not move. Adam's step is m̂/(√v̂ + ε): at its first step it is "
+    "about the sign of the gradient (cancellation-hypothesis paper App. D.3), and afterwards a shared token "
+    "whose gradient cancels this step still moves through the moments of earlier steps.",
+    "Adam's lr (0.05) is the toy's default for Adam, not tuned per arm; SGD arms at lr 0.5 show the same "
+    "comparison under the optimizer of the other studies. The batched toy reproduces torch.optim.Adam per "
+    "seed (tests/toymodel/test_batched.py).",
+)
+
+
 def _study(name: str, **kw: Any) -> ToyStudy:
     return ToyStudy(name=name, **kw)
 
@@ -1240,6 +1290,32 @@ STUDIES: dict[str, ToyStudy] = {
             full=Sizes(seeds=256, sim_seeds=32, steps=100, metric_seeds=16),
             quick=Sizes(seeds=32, sim_seeds=8, steps=60, metric_seeds=2),
             early_step=_K_EPS,
+        ),
+        _study(
+            "toy_optimizer",
+            title="Toy: Adam against plain SGD",
+            question=(
+                "Under Adam, where a shared token whose gradient cancels still moves through the moment "
+                "estimates, does DFPO keep its advantage over the eq. 86 control and GSPO?"
+            ),
+            scenario=TEMPLATE,
+            baseline="gspo_eq86_adam",
+            arms=_OPT_ARMS,
+            measures=(
+                "steps_to_threshold",
+                "final_reward",
+                "reward_at_step_20",
+                "jitter2_expected_reward",
+                "equiv_entropy_at_threshold",
+                "template_kl_at_threshold",
+                "template_kl_final",
+                "group_shared_residual",
+            ),
+            curves=("expected_reward", "template_kl"),
+            predictions=_OPT_PREDICTIONS,
+            notes=_OPT_NOTES,
+            full=Sizes(seeds=256, sim_seeds=32, steps=200),
+            quick=Sizes(seeds=32, sim_seeds=8, steps=60),
         ),
     )
 }
