@@ -285,13 +285,21 @@ class CancellationMeter:
     An event or group split across mini-batches counts in each mini-batch separately (the damage that
     query-preserved batching avoids).
 
+    Segments: a batch that holds several independent runs (the batched toy's seeds) passes ``segments``,
+    each row's run; the sums are then kept per segment ((n_segments,) tensors, scatter-added, with no
+    sync per optimiser step) and ``segment_residuals`` gives each run's residuals, equal to those of a
+    meter built on that run's rows alone. A group must lie in one segment (a ValueError names one that
+    does not), and so do its events (an event's key includes its group). ``totals`` is then the whole
+    batch's (the sum over the segments).
+
     Args:
         keys: (B, T) int64 event ids (−1: no event, e.g. a forced step whose score direction is zero).
         mask: (B, T) 1 for the tokens that enter the loss.
         group: (B,) prompt ids.
+        segments: None (one run), or (B,) int64 segment ids in [0, n_segments), n_segments = max + 1.
     """
 
-    def __init__(self, keys: Tensor, mask: Tensor, group: Tensor) -> None:
+    def __init__(self, keys: Tensor, mask: Tensor, group: Tensor, segments: Tensor | None = None) -> None:
         check_2d("keys", keys)
         check_2d("mask", mask, (keys.shape[0], keys.shape[1]))
         check_group(group, keys.shape[0])
@@ -301,14 +309,53 @@ class CancellationMeter:
         self.ginv, self.n_groups = group_index(group)
         in_loss = (mask.sum(-1) > 0).to(torch.long)
         gsize = group_sum(in_loss, self.ginv, self.n_groups)
-        rows = torch.arange(keys.shape[0], device=keys.device)[:, None].expand_as(keys)
-        valid = self.index.inverse < e
-        ev_group = torch.zeros(e, dtype=torch.long, device=keys.device)
-        ev_group[self.index.inverse[valid]] = self.ginv[rows[valid]]
+        # each event's group, written by one of its tokens (over every token: slot e is "no event")
+        tokens = self.index.inverse.flatten()
+        ev_group = torch.zeros(e + 1, dtype=torch.long, device=keys.device)
+        ev_group = ev_group.scatter_(0, tokens, self.ginv.repeat_interleave(keys.shape[1]))[:e]
         self.shared = self.index.count >= 2
         # a completion holds an event at most once (the event includes its prefix)
         self.whole = self.shared & (self.index.count == gsize[ev_group])
-        self.totals = MeterTotals()
+        self._totals = MeterTotals()
+        self.n_segments: int | None = None
+        if segments is not None:
+            self._init_segments(segments, group, ev_group)
+
+    def _init_segments(self, segments: Tensor, group: Tensor, ev_group: Tensor) -> None:
+        """The segment of every group (checked) and event, and the (6, n_segments + 1) sums (last: unused)."""
+        check_1d("segments", segments, self.ginv.shape[0])
+        if segments.is_floating_point() or segments.dtype == torch.bool:
+            raise TypeError(f"`segments` must hold integer segment ids, got dtype {segments.dtype}")
+        seg = segments.to(self.ginv.device, torch.long)
+        if seg.numel() and int(seg.min()) < 0:
+            raise ValueError(f"`segments` must be ≥ 0, got {int(seg.min())}")
+        n = int(seg.max()) + 1 if seg.numel() else 0
+        # the segment of each group, written by one of its rows; every row must agree
+        group_seg = torch.zeros(self.n_groups, dtype=torch.long, device=seg.device).scatter_(
+            0, self.ginv, seg
+        )
+        bad = group_seg[self.ginv] != seg
+        if bool(bad.any()):
+            i = int(torch.nonzero(bad)[0, 0])
+            a, b = sorted((int(group_seg[self.ginv[i]]), int(seg[i])))
+            raise ValueError(
+                f"group {int(group[i])} spans segments {a} and {b}: a group must lie in one segment"
+            )
+        ev_seg = group_seg[ev_group]  # an event lies in its group (its key includes the group)
+        self.n_segments = n
+        # the scatter targets: an event outside the shared / whole set goes to the spare slot n
+        self._seg_shared = torch.where(self.shared, ev_seg, n)
+        self._seg_whole = torch.where(self.whole, ev_seg, n)
+        self._seg_group = group_seg
+        self._seg_row = seg
+        self._seg_sums = torch.zeros((6, n + 1), dtype=torch.float64, device=seg.device)
+
+    @property
+    def totals(self) -> MeterTotals:
+        """The sums over the optimiser steps (with segments: over the whole batch, the segments' sum)."""
+        if self.n_segments is None:
+            return self._totals
+        return MeterTotals.from_list(self._seg_sums[:, : self.n_segments].sum(1).tolist())
 
     def add(self, coef: Tensor, rows: Tensor | None = None) -> None:
         """Add one optimiser step's coefficients: (B, T), or (b, T) of the batch rows ``rows``."""
@@ -316,15 +363,37 @@ class CancellationMeter:
             full = torch.zeros(self.index.inverse.shape, dtype=coef.dtype, device=coef.device)
             coef = full.index_copy_(0, rows.to(coef.device), coef)
         net, gross = event_sums(coef, self.index)
-        tot = self.totals
+        c = torch.where(self.mask, coef, torch.zeros_like(coef)).sum(-1)  # padding never counts
+        inv = self.ginv.to(coef.device)
+        if self.n_segments is not None:  # per segment: scatter-add, no sync
+            sums = self._seg_sums
+            net_abs, gross = net.abs().to(sums.dtype), gross.to(sums.dtype)
+            sums[0].index_add_(0, self._seg_shared, net_abs)
+            sums[1].index_add_(0, self._seg_shared, gross)
+            sums[2].index_add_(0, self._seg_whole, net_abs)
+            sums[3].index_add_(0, self._seg_whole, gross)
+            sums[4].index_add_(0, self._seg_group, group_sum(c, inv, self.n_groups).abs().to(sums.dtype))
+            sums[5].index_add_(0, self._seg_row, c.abs().to(sums.dtype))
+            return
+        tot = self._totals
         tot.shared_net += float(net.abs()[self.shared].sum())
         tot.shared_gross += float(gross[self.shared].sum())
         tot.group_shared_net += float(net.abs()[self.whole].sum())
         tot.group_shared_gross += float(gross[self.whole].sum())
-        c = torch.where(self.mask, coef, torch.zeros_like(coef)).sum(-1)  # padding never counts
-        inv = self.ginv.to(coef.device)
         tot.sequence_net += float(group_sum(c, inv, self.n_groups).abs().sum())
         tot.sequence_gross += float(c.abs().sum())
+
+    def segment_residuals(self) -> dict[str, Tensor]:
+        """Each residual per segment: (n_segments,) float64, NaN where the gross is rounding noise."""
+        if self.n_segments is None:
+            raise ValueError(
+                "segment_residuals needs a meter built with `segments`; use `totals.residuals()`"
+            )
+        sums = self._seg_sums[:, : self.n_segments]
+        net, gross = sums[0::2], sums[1::2]
+        ok = gross > NOISE
+        res = torch.where(ok, net / torch.where(ok, gross, torch.ones_like(gross)), math.nan)
+        return {name: res[j] for j, name in enumerate(RESIDUAL_KEYS)}
 
 
 # ------------------------------------------------------------------------------------------------

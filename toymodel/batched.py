@@ -40,11 +40,12 @@ gradient under plain SGD without a KL term, so only the seeds with a learning si
 batch (its residuals are NaN, as in ``simulate``). Under Adam there is no shortcut (as in ``simulate``):
 a zero gradient still moves the parameters through the moments, so every seed takes every step.
 
-Shared code: the cancellation meter and the query-preserved split are inline here, not
-``cancellation.update.CancellationMeter`` / ``minibatches``: the meter keeps Python-float totals of one
-batch (per-seed totals would need one meter per seed, a Python loop with a sync per optimiser step),
-and ``minibatches`` splits one seed's batch at a time, ~1 ms per seed-step against ~30 µs for the
-seeds' own ``torch.randperm`` draws that the batched split is built from (tested equal to ``simulate``).
+Shared code: the residuals come from ``cancellation.update.CancellationMeter``, one meter per RL step on
+the step's flat batch with one segment per moving seed (``segments``: per-seed sums, scatter-added, no
+sync per optimiser step), as ``simulate`` uses it. The query-preserved split is inline here, not
+``cancellation.update.minibatches``: that splits one seed's batch at a time, ~1 ms per seed-step against
+~30 µs for the seeds' own ``torch.randperm`` draws that the batched split is built from (tested equal to
+``simulate``).
 
 Returned keys (``BATCHED_KEYS``): ``step``, ``updated`` (always 1), ``buffer_groups`` (always 0),
 ``sampled_reward``, ``expected_reward``, ``entropy``, ``equiv_entropy``, ``equiv_log_odds``,
@@ -74,7 +75,7 @@ import torch
 from torch import Tensor
 
 from cancellation import OBJECTIVES, group_advantages
-from cancellation.update import NOISE, RESIDUAL_KEYS, coefficients
+from cancellation.update import CancellationMeter, coefficients
 
 from .policy import TabularPolicy
 from .scenarios import Scenario, get_scenario
@@ -311,7 +312,6 @@ def simulate_seeds(
     within = torch.arange(num_groups).repeat_interleave(group_size)  # (B,) group of each row of a seed
     n_actions = policy.valid.sum(-1)
     free_steps = policy.valid_steps & (n_actions[policy.ctx] > 1)  # (N, T)
-    in_loss = policy.mask.sum(-1) > 0  # (N,) rows with a token
     # mini-batch k holds the groups at positions k, k+M, ... of a seed's shuffled group order: with
     # equal-size groups, query_preserved_split's LPT rule deals the shuffled groups round robin
     bin_sizes = [len(range(k, num_groups, num_minibatches)) for k in range(num_minibatches)]
@@ -386,18 +386,16 @@ def simulate_seeds(
             fi = (torch.arange(n_act) * ck)[:, None, None] + ctx_b * k_n + act_b  # flat index into (A·C·K)
             old_logp = lsm[active].flatten()[fi] * mask_b  # θ_old
             lgroup = torch.arange(n_act)[:, None] * num_groups + within  # (A, B) local group ids
-            tot = torch.zeros((6, n_act), dtype=torch.float64)
-            if residuals:
-                n_ev = n_act * num_groups * ck
-                # dense event ids (local group, context, action); forced steps go to the spare slot n_ev
-                ev = torch.where(free_steps[ia], lgroup[:, :, None] * ck + ctx_b * k_n + act_b, n_ev)
-                count = torch.bincount(ev.flatten(), minlength=n_ev + 1)[:n_ev]
-                gsize = torch.zeros(n_act * num_groups, dtype=torch.long)
-                gsize.index_add_(0, lgroup.flatten(), in_loss[ia].flatten().long())
-                shared = count >= 2
-                whole = shared & (count == gsize.repeat_interleave(ck))  # Prop. 3.1's E_t*
-                shared_f = shared.to(torch.float64).view(n_act, -1)
-                whole_f = whole.to(torch.float64).view(n_act, -1)
+            meter = None
+            if residuals:  # one meter on the step's flat batch, one segment per moving seed
+                # event ids (local group, context, action), as simulate's; −1 at forced steps
+                keys = torch.where(free_steps[ia], lgroup[:, :, None] * ck + ctx_b * k_n + act_b, -1)
+                meter = CancellationMeter(
+                    keys.flatten(0, 1),
+                    mask_b.flatten(0, 1),
+                    lgroup.flatten(),
+                    segments=torch.arange(n_act).repeat_interleave(batch),
+                )
             if num_minibatches == 1:
                 schedule = [[torch.arange(batch).expand(n_act, batch)] for _ in range(inner_epochs)]
             else:
@@ -457,38 +455,14 @@ def simulate_seeds(
                         la.sub_((lr_a / bias1) * m_a / denom)
                     else:  # torch.optim.SGD, no momentum
                         la.sub_(lr_a * g)
-                    if residuals:  # CancellationMeter.add, per seed
-                        ev_m = (
-                            ev.flatten()
-                            if num_minibatches == 1
-                            else torch.take_along_dim(ev, rows[:, :, None], 1).flatten()
-                        )
-                        cf = coef.flatten()
-                        net = (
-                            torch.zeros(n_ev + 1, dtype=cf.dtype)
-                            .index_add_(0, ev_m, cf)[:n_ev]
-                            .view(n_act, -1)
-                        )
-                        gross = (
-                            torch.zeros(n_ev + 1, dtype=cf.dtype)
-                            .index_add_(0, ev_m, cf.abs())[:n_ev]
-                            .view(n_act, -1)
-                        )
-                        net_abs = net.abs()
-                        tot[0] += (net_abs * shared_f).sum(-1)
-                        tot[1] += (gross * shared_f).sum(-1)
-                        tot[2] += (net_abs * whole_f).sum(-1)
-                        tot[3] += (gross * whole_f).sum(-1)
-                        c_row = torch.where(mask_m.bool(), coef, torch.zeros_like(coef)).sum(-1)
-                        gs = torch.zeros(n_act * num_groups, dtype=cf.dtype).index_add_(0, grp_m, c_row)
-                        tot[4] += gs.view(n_act, num_groups).abs().sum(-1)
-                        tot[5] += c_row.view(n_act, r).abs().sum(-1)
-            if residuals:
-                for j, name in enumerate(RESIDUAL_KEYS):
-                    num, den = tot[2 * j], tot[2 * j + 1]
-                    out[name][active, col] = torch.where(
-                        den > NOISE, num / torch.where(den > NOISE, den, 1.0), math.nan
-                    )
+                    if meter is not None:  # measuring, beside the update
+                        flat_rows = None
+                        if num_minibatches > 1:  # the mini-batch's rows of the flat batch
+                            flat_rows = (torch.arange(n_act)[:, None] * batch + rows).flatten()
+                        meter.add(coef, flat_rows)
+            if meter is not None:
+                for name, value in meter.segment_residuals().items():
+                    out[name][active, col] = value
             # 7: exact statistics of the moving seeds at their parameters after the step's updates
             logits[active] = la
             if adam:

@@ -177,3 +177,67 @@ def test_cancellation_meter_matches_a_plain_loop_over_events_and_groups() -> Non
     t = meter.totals
     assert (t.sequence_net, t.sequence_gross) == pytest.approx(sums["seq"], rel=1e-12)
     assert (t.group_shared_net, t.group_shared_gross) == pytest.approx(sums["whole"], rel=1e-12)
+
+
+def test_segmented_meter_equals_one_meter_per_segment() -> None:
+    """Four segments in one batch, their rows interleaved, two optimiser steps (5 rows, then all 11).
+
+    Segment 0: group 10, events 1 and 3 shared; segment 1: groups 20 and 21; segment 2: group 30 with a
+    forced step (key −1), a padded token and a row with no unmasked token; segment 3: one row, nothing
+    shared (its shared residuals are NaN). Each segment's residuals equal a meter's built on its rows alone.
+    """
+    from cancellation.update import RESIDUAL_KEYS, CancellationMeter
+
+    keys = torch.tensor([
+        [1, 2, 3], [40, 41, 42], [70, 71, -1], [1, 2, 4], [50, 51, 52], [70, 72, 73],
+        [1, 5, 3], [40, 41, 43], [50, 53, 54], [74, 75, 76], [90, 91, 92],
+    ])  # fmt: skip
+    mask = torch.ones(11, 3, dtype=torch.long)
+    mask[5, 2] = 0
+    mask[9] = 0
+    group = torch.tensor([10, 20, 30, 10, 21, 30, 10, 20, 21, 30, 40])
+    segments = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1, 1, 2, 3])
+    gen = torch.Generator().manual_seed(7)
+    first_rows = torch.tensor([0, 1, 4, 5, 8])
+    first = torch.randn(5, 3, generator=gen, dtype=F64) * mask[first_rows]
+    second = torch.randn(11, 3, generator=gen, dtype=F64) * mask
+    meter = CancellationMeter(keys, mask, group, segments)
+    meter.add(first, first_rows)
+    meter.add(second)
+    got = meter.segment_residuals()
+    assert list(got) == list(RESIDUAL_KEYS)
+    assert all(v.shape == (4,) and v.dtype == F64 for v in got.values())
+
+    full_first = torch.zeros(11, 3, dtype=F64).index_copy_(0, first_rows, first)
+    alone = []
+    for s in range(4):
+        rows = torch.nonzero(segments == s).flatten()
+        m = CancellationMeter(keys[rows], mask[rows], group[rows])
+        m.add(full_first[rows])
+        m.add(second[rows])
+        alone.append(m.totals)
+        want = m.totals.residuals()
+        for key in RESIDUAL_KEYS:
+            assert float(got[key][s]) == pytest.approx(want[key], abs=1e-12, nan_ok=True), (s, key)
+    # every segment measured something; the lone row of segment 3 shares nothing
+    assert not any(bool(got[k][:3].isnan().any()) for k in RESIDUAL_KEYS)
+    assert got["shared_residual"][3].isnan() and got["group_shared_residual"][3].isnan()
+    assert float(got["sequence_net_residual"][3]) == 1.0
+    # ``totals``: the whole batch's sums, i.e. the segments' together
+    whole = [sum(vals) for vals in zip(*(t.as_list() for t in alone), strict=True)]
+    assert meter.totals.as_list() == pytest.approx(whole, abs=1e-12)
+
+
+def test_segmented_meter_refuses_a_group_across_segments() -> None:
+    from cancellation.update import CancellationMeter
+
+    keys = torch.tensor([[1, 2], [1, 3], [4, 5], [4, 6]])
+    mask = torch.ones(4, 2)
+    with pytest.raises(ValueError, match="group 7 spans segments 0 and 1"):
+        CancellationMeter(keys, mask, torch.tensor([7, 7, 8, 8]), torch.tensor([0, 1, 1, 1]))
+    with pytest.raises(ValueError, match="group 8 spans segments 0 and 1"):
+        CancellationMeter(keys, mask, torch.tensor([7, 8, 8, 9]), torch.tensor([0, 0, 1, 1]))
+    with pytest.raises(ValueError, match="segments"):
+        CancellationMeter(keys, mask, torch.tensor([7, 7, 8, 8]), torch.tensor([0, 0, -1, -1]))
+    with pytest.raises(ValueError, match="segments"):  # one meter, no segments
+        CancellationMeter(keys, mask, torch.tensor([7, 7, 8, 8])).segment_residuals()
