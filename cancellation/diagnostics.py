@@ -264,6 +264,50 @@ def steps_to_threshold(
     return float(s[i]) if steps is not None else float(i)
 
 
+def value_at_threshold(
+    reward: Sequence[float] | Tensor, values: Sequence[float] | Tensor, threshold: float
+) -> float:
+    """``values`` at the point where ``reward`` first reaches ``threshold``: a measure "at matched reward".
+
+    Linearly interpolated between position k − 1 and the first position k with reward ≥ threshold
+    (``steps_to_threshold``): at k the reward may overshoot the threshold by a whole step's gain. At
+    k = 0 (nothing before it) ``values[0]``; NaN when the reward never reaches the threshold.
+    """
+    r, v = _as_float_list("reward", reward), _as_float_list("values", values)
+    if r.numel() != v.numel():
+        raise ValueError(f"`values` has {v.numel()} entries but `reward` has {r.numel()}")
+    k = steps_to_threshold(r, threshold)
+    if k is None:
+        return math.nan
+    k = int(k)
+    if k == 0:
+        return float(v[0])
+    r0, r1 = float(r[k - 1]), float(r[k])
+    f = 1.0 if r1 == r0 else (float(threshold) - r0) / (r1 - r0)
+    return float(v[k - 1] + f * (v[k] - v[k - 1]))
+
+
+def trailing_mean(values: Sequence[float] | Tensor, window: int, *, full: bool = False) -> list[float]:
+    """The trailing mean over ``window`` values at every position: position i averages the finite
+    values among i − window + 1 ... i (NaN values are left out; NaN when none is finite). With
+    ``full`` the first ``window − 1`` positions, whose window is partial, are NaN.
+    """
+    if int(window) < 1:
+        raise ValueError(f"`window` must be ≥ 1, got {window}")
+    w = int(window)
+    if not isinstance(values, Tensor):  # a missing value (None) is a NaN: left out of the means
+        values = [math.nan if v is None else v for v in values]
+    x = [float(v) for v in _as_float_list("values", values)]
+    out = []
+    for i in range(len(x)):
+        if full and i < w - 1:
+            out.append(math.nan)
+            continue
+        vals = [v for v in x[max(0, i - w + 1) : i + 1] if math.isfinite(v)]
+        out.append(sum(vals) / len(vals) if vals else math.nan)
+    return out
+
+
 def softmax_grad_norm(probs: Tensor, tokens: Tensor) -> Tensor:
     """‖e_y − π‖₂, the norm of ∂log π(y)/∂z for softmax logits z (Lopti paper §3.1).
 

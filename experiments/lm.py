@@ -84,7 +84,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from cancellation.diagnostics import jitter2
+from cancellation.diagnostics import jitter2, trailing_mean
 from scaledrun import tiny as _tiny
 
 from .study import (
@@ -425,18 +425,6 @@ def _mean(values: Sequence[float]) -> float:
     return sum(v) / len(v) if v else math.nan
 
 
-def trailing_means(values: Sequence[float], window: int, *, full: bool) -> list[float]:
-    """The trailing mean over ``window`` values at every position (NaN where ``full`` and the window is
-    partial, i.e. the first ``window − 1`` positions); NaN values are left out of a mean."""
-    out = []
-    for i in range(len(values)):
-        if full and i < window - 1:
-            out.append(math.nan)
-            continue
-        out.append(_mean(values[max(0, i - window + 1) : i + 1]))
-    return out
-
-
 def _avg_key(rows: Sequence[Mapping[str, float]]) -> str | None:
     keys = {k for r in rows for k in r if k.startswith("eval/avg@")}
     return sorted(keys)[0] if keys else None
@@ -466,7 +454,7 @@ def measure_run(
     window = max(1, min(window, steps))
     reward = [float(r.get("reward/mean", math.nan)) for r in rows]
     x = [int(r["step"]) for r in rows]
-    smooth = trailing_means(reward, window, full=True)
+    smooth = trailing_mean(reward, window, full=True)
     hit = [s for s, v in zip(x, smooth, strict=True) if math.isfinite(v) and v >= threshold]
     evals = [r for r in rows if math.isfinite(r.get("eval/greedy_accuracy", math.nan))]
     avg = _avg_key(evals)
@@ -567,7 +555,7 @@ def run_curves(
         if not _finite(values):
             continue
         if name == "reward_moving_mean":
-            values = trailing_means(values, max(1, min(MA_WINDOW, steps)), full=False)
+            values = trailing_mean(values, max(1, min(MA_WINDOW, steps)), full=False)
         idx = np.unique(np.linspace(0, len(rows) - 1, min(CURVE_POINTS, len(rows))).round().astype(int))
         out[name] = ([int(rows[i]["step"]) for i in idx], [sig(values[i]) for i in idx])
     return out
@@ -702,7 +690,7 @@ def run_lm(
 ) -> list[StudyResult]:
     """Run the language-model grid in ``root`` (resumable) and return its studies (``lm_main``, and
     ``lm_ablations`` when ablation arms ran). Nothing is saved here but the run folders; the caller
-    saves the studies (``python -m experiments`` writes ``experiments/results/<name>.json``).
+    saves the studies (``python -m experiments`` writes ``experiments/results/<name>.json.gz``).
 
     Args:
         root: the sweep's folder: ``model/`` (the tiny model, unless ``model`` is given) and
@@ -795,7 +783,7 @@ def lr_probe(
             for seed_dir in sorted((root / f"lr{lr:g}" / "runs" / arm).glob("seed*")):
                 rows = _read_rows(seed_dir)
                 reward = [r["reward/mean"] for r in rows]
-                smooth = trailing_means(reward, MA_WINDOW, full=True)[MA_WINDOW - 1 :]
+                smooth = trailing_mean(reward, MA_WINDOW, full=True)[MA_WINDOW - 1 :]
                 evals = [r for r in rows if math.isfinite(r.get("eval/greedy_accuracy", math.nan))]
                 per_run.append(
                     {

@@ -49,7 +49,8 @@ reward):
   the curve of the sampled groups' mean reward (the training reward an LM run logs);
 - ``equiv_entropy_*``, ``template_kl_*``, ``equiv_log_odds_*`` at the last step (``final``), at step K
   (``at_step_K``) and at matched reward (``at_threshold``: interpolated linearly at E[R] = 0.9 between
-  the last step below and the first step at or above it, ``at_threshold``; NaN for a
+  the last step below and the first step at or above it, ``cancellation.diagnostics.value_at_threshold``;
+  NaN for a
   seed that never gets there). Template KL exists on ``template_task`` only;
 - the residuals ``shared_residual``, ``group_shared_residual``, ``sequence_net_residual``: the mean over
   the steps that had one (an update with a non-zero gross coefficient);
@@ -74,7 +75,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from cancellation.diagnostics import jitter2
+from cancellation.diagnostics import jitter2, steps_to_threshold, value_at_threshold
 from toymodel import ROW_KEYS, simulate, simulate_seeds
 from toymodel.batched import BATCHED_KEYS
 from toymodel.simulate import DEFAULT_LR
@@ -220,28 +221,6 @@ def run_arm(
 # per-seed measures
 
 
-def first_reaching(values: np.ndarray, threshold: float = THRESHOLD) -> int | None:
-    """0-based index of the first value ≥ ``threshold`` (None if none)."""
-    hit = np.flatnonzero(np.asarray(values) >= threshold)
-    return int(hit[0]) if hit.size else None
-
-
-def at_threshold(
-    reward: np.ndarray, values: np.ndarray, k: int | None, threshold: float = THRESHOLD
-) -> float:
-    """``values`` read where ``reward`` crosses ``threshold``, linearly interpolated between step k − 1
-    and the first step k with reward ≥ threshold (one step can add ~0.1 to E[R] at lr 1.0, so the value
-    at step k overshoots the matched reward). At k = 0 the value of step 1 (nothing before it is logged);
-    NaN when the run never crosses."""
-    if k is None:
-        return math.nan
-    if k == 0:
-        return float(values[0])
-    r0, r1 = float(reward[k - 1]), float(reward[k])
-    f = 1.0 if r1 == r0 else (threshold - r0) / (r1 - r0)
-    return float(values[k - 1] + f * (values[k] - values[k - 1]))
-
-
 def _mean_finite(x: np.ndarray, where: np.ndarray | None = None) -> float:
     x = np.asarray(x, dtype=float)
     keep = np.isfinite(x) if where is None else (np.isfinite(x) & where)
@@ -274,7 +253,8 @@ def measure_seed(
     er = np.asarray(cols["expected_reward"], dtype=float)
     steps = er.shape[0]
     step_no = np.asarray(cols["step"], dtype=float)
-    k = first_reaching(er, threshold)
+    hit = steps_to_threshold(er, threshold)
+    k = None if hit is None else int(hit)
     early = early_step - 1 if early_step <= steps else None  # a run shorter than step K has no value there
 
     def at(v: np.ndarray, i: int | None) -> float:
@@ -295,7 +275,7 @@ def measure_seed(
         v = np.asarray(cols[key], dtype=float)
         out[f"{key}_final"] = float(v[-1])
         out[f"{key}_at_step_{early_step}"] = at(v, early)
-        out[f"{key}_at_threshold"] = at_threshold(er, v, k, threshold)
+        out[f"{key}_at_threshold"] = value_at_threshold(er, v, threshold)
     for key in RESIDUALS:
         out[key] = _mean_finite(cols[key])
     updated = np.asarray(cols["updated"], dtype=float)
@@ -1398,7 +1378,6 @@ __all__ = [
     "Arm",
     "Sizes",
     "ToyStudy",
-    "at_threshold",
     "measure_seed",
     "result_path",
     "run_arm",

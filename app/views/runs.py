@@ -34,7 +34,7 @@ import yaml
 
 from app.common import page_header
 from app.figures import CURVE_TITLES, curve_figure
-from cancellation.diagnostics import jitter2, steps_to_threshold
+from cancellation.diagnostics import jitter2, steps_to_threshold, trailing_mean
 
 #: environment variable naming the default runs folder
 RUNS_DIR_ENV = "CANCELLATION_RUNS_DIR"
@@ -179,18 +179,16 @@ def curve(rows: list[dict[str, float]], key: str) -> tuple[list[float], list[flo
 
 
 def moving_mean(rows: list[dict[str, float]], window: int) -> list[dict[str, float]]:
-    """The rows with every curve key replaced by its trailing mean over ``window`` rows (NaNs skipped)."""
+    """The rows with every curve key replaced by its trailing mean over ``window`` rows (NaNs skipped;
+    a row whose own value is NaN stays NaN)."""
     if window <= 1:
         return rows
-    out = []
-    for i, r in enumerate(rows):
-        recent = rows[max(0, i - window + 1) : i + 1]
-        new = dict(r)
-        for k in ALL_CURVES:
-            vals = [x[k] for x in recent if k in x and math.isfinite(x[k])]
+    out = [dict(r) for r in rows]
+    for k in ALL_CURVES:
+        means = trailing_mean([r.get(k, math.nan) for r in rows], window)
+        for r, new, m in zip(rows, out, means, strict=True):
             if k in r:
-                new[k] = sum(vals) / len(vals) if vals and math.isfinite(r[k]) else math.nan
-        out.append(new)
+                new[k] = m if math.isfinite(r[k]) else math.nan
     return out
 
 
@@ -202,14 +200,12 @@ def window_means(rows: list[dict[str, float]], key: str, window: int) -> tuple[l
     out of a mean; a window without a finite value, or a row whose own value is NaN, gives nothing.
     """
     window = max(1, int(window))
+    means = trailing_mean([r.get(key, math.nan) for r in rows], window, full=True)
     steps, values = [], []
-    for i in range(window - 1, len(rows)):
-        r = rows[i]
-        if not math.isfinite(r.get(key, math.nan)):
-            continue
-        vals = [x[key] for x in rows[i - window + 1 : i + 1] if math.isfinite(x.get(key, math.nan))]
-        steps.append(r["step"])
-        values.append(sum(vals) / len(vals))
+    for r, m in zip(rows, means, strict=True):
+        if math.isfinite(r.get(key, math.nan)) and math.isfinite(m):
+            steps.append(r["step"])
+            values.append(m)
     return steps, values
 
 

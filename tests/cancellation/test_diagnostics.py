@@ -20,6 +20,8 @@ from cancellation.diagnostics import (
     steps_to_threshold,
     token_coefficients,
     token_flip_stats,
+    trailing_mean,
+    value_at_threshold,
 )
 
 F64 = torch.float64
@@ -486,3 +488,27 @@ def test_token_flip_stats_bad_input() -> None:
         token_flip_stats(z, torch.zeros(2, 4), torch.zeros(2), torch.ones(2, 3))
     with pytest.raises(ValueError, match=r"advantages.*shape \(B,\)"):
         token_flip_stats(z, z, torch.zeros(2, 3), torch.ones(2, 3))
+
+
+def test_value_at_threshold_interpolates_between_the_steps_around_the_crossing() -> None:
+    reward = [0.7, 0.85, 0.95, 0.99]
+    kl = [0.01, 0.02, 0.06, 0.07]
+    # the reward crosses 0.9 halfway from position 1 (0.85) to position 2 (0.95): KL halfway, 0.04
+    assert value_at_threshold(reward, kl, 0.9) == pytest.approx(0.04, abs=1e-15)
+    assert value_at_threshold([0.95, 0.99], [0.01, 0.02], 0.9) == 0.01  # reached at once: nothing before
+    assert math.isnan(value_at_threshold(reward, kl, 1.5))
+    assert value_at_threshold([0.5, 0.9], [1.0, 3.0], 0.9) == 3.0  # exactly at the threshold
+    with pytest.raises(ValueError, match="`values` has 1 entries but `reward` has 2"):
+        value_at_threshold([0.5, 0.9], [1.0], 0.9)
+
+
+def test_trailing_mean_by_hand() -> None:
+    nan = math.nan
+    x = [1.0, 3.0, nan, 5.0, None]
+    # window 2: [1], [1, 3], [3], [5], [5]  (NaN and None left out)
+    assert trailing_mean(x, 2) == [1.0, 2.0, 3.0, 5.0, 5.0]
+    got = trailing_mean(x, 3, full=True)
+    assert math.isnan(got[0]) and math.isnan(got[1]) and got[2:] == [2.0, 4.0, 5.0]
+    assert math.isnan(trailing_mean([nan, nan], 2)[1])
+    with pytest.raises(ValueError, match="`window` must be ≥ 1"):
+        trailing_mean(x, 0)

@@ -15,7 +15,6 @@ from experiments.toy import (
     STUDIES,
     THRESHOLD,
     Sizes,
-    at_threshold,
     measure_seed,
     result_path,
     run_arm,
@@ -257,19 +256,6 @@ def test_run_toy_saves_each_study_and_refuses_unknown_names(tmp_path, monkeypatc
         assert back.predictions == list(STUDIES[s.name].predictions)  # the same predictions in both blocks
     with pytest.raises(ValueError, match=r"unknown toy study.*toy_nope.*toy_main"):
         run_toy(tmp_path, only=["toy_nope"])
-
-
-def test_at_threshold_interpolates_between_the_steps_around_the_crossing() -> None:
-    import numpy as np
-
-    reward = np.array([0.7, 0.85, 0.95, 0.99])
-    kl = np.array([0.01, 0.02, 0.06, 0.07])
-    # E[R] crosses 0.9 halfway from step 2 (0.85) to step 3 (0.95): KL halfway from 0.02 to 0.06
-    assert at_threshold(reward, kl, 2) == pytest.approx(0.04, abs=1e-15)
-    assert at_threshold(reward, kl, 0) == 0.01  # crossed at step 1: nothing logged before it
-    assert math.isnan(at_threshold(reward, kl, None))
-    # exactly at the threshold: the value of that step
-    assert at_threshold(np.array([0.5, 0.9]), np.array([1.0, 3.0]), 1) == 3.0
 
 
 def test_confirmation_block_runs_fresh_seeds_with_the_same_arms() -> None:
