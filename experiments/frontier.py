@@ -81,8 +81,8 @@ EPOCHS = (1, 2, 4, 8)
 MAX_EXTEND = 4
 #: A setting counts as "at speed S*" when its mean steps lie in [S* (1 − band), S* (1 + band)].
 SPEED_BAND = 0.1
-STEPS = {"full": 200, "quick": 60}
-SEEDS = {"full": (256, 1024), "quick": (16, 16)}
+STEPS = {"full": 200, "quick": 40}
+SEEDS = {"full": (256, 1024), "quick": (8, 8)}
 QUICK_LRS = (0.25, 1.0)
 QUICK_EPOCHS = (1, 4)
 

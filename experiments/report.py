@@ -30,7 +30,16 @@ import numpy as np
 from app.figures import _rgba, color
 
 from .stats import _fmt_ci, fmt_p, fmt_value, markdown_table, summarize_arms
-from .study import CONFIRM_FIRST_SEED, MIN_SEEDS, POWER, TOL, VERDICTS, StudyResult, Verdict, decide
+from .study import (
+    CONFIRM_FIRST_SEED,
+    EXACT_MAX,
+    MIN_SEEDS,
+    POWER,
+    VERDICTS,
+    StudyResult,
+    Verdict,
+    decide,
+)
 
 #: The bootstrap resamples of the report's tables (seeded: the report is reproducible).
 N_BOOT = 4000
@@ -356,6 +365,34 @@ def _figure_line(fig: Any, stem: Path, png: bool, title: str, base: Path) -> tup
     return f"Figure: [{title} (interactive HTML)]({_rel(html, base)})\n", why
 
 
+def report_verdicts(
+    studies: Sequence[StudyResult], *, level: float = 0.95
+) -> tuple[list[Verdict], list[str], list[Verdict | None]]:
+    """The report's verdicts: every prediction decided on its study's deciding block (confirmation when
+    there is one) as one Holm family; the study name of each; and its discovery-block verdict (a second
+    family, for comparison; None for a study with one block)."""
+    pairs = _blocks(studies)
+    deciding = [conf or disc for disc, conf in pairs]
+    decided = decide(deciding, level=level)
+    explored = decide([disc for disc, conf in pairs if conf is not None and disc is not None], level=level)
+    disc_of: dict[tuple[str, str], Verdict] = {}
+    i = 0
+    for disc, conf in pairs:
+        if conf is not None and disc is not None:
+            for v in explored[i : i + len(disc.predictions)]:
+                disc_of[(disc.name, v.prediction.claim)] = v
+            i += len(disc.predictions)
+    names = [st.name for st in deciding for _ in st.predictions]
+    side = [disc_of.get((n, v.prediction.claim)) for n, v in zip(names, decided, strict=True)]
+    return decided, names, side
+
+
+def summary_table(studies: Sequence[StudyResult], *, level: float = 0.95) -> str:
+    """The report's summary of every prediction (``report_verdicts``, ``verdict_table``)."""
+    decided, names, side = report_verdicts(studies, level=level)
+    return verdict_table(decided, names, discovery=side if any(x is not None for x in side) else None)
+
+
 def write_report(
     studies: Sequence[StudyResult],
     path: str | Path,
@@ -379,17 +416,7 @@ def write_report(
     fig_dir.mkdir(parents=True, exist_ok=True)
     pairs = _blocks(studies)
     deciding = [conf or disc for disc, conf in pairs]
-    decided = decide(deciding, level=level)
-    explored = decide([disc for disc, conf in pairs if conf is not None and disc is not None], level=level)
-    disc_of: dict[tuple[str, str], Verdict] = {}
-    i = 0
-    for disc, conf in pairs:
-        if conf is not None and disc is not None:
-            for v in explored[i : i + len(disc.predictions)]:
-                disc_of[(disc.name, v.prediction.claim)] = v
-            i += len(disc.predictions)
-    names = [st.name for st in deciding for _ in st.predictions]
-    side = [disc_of.get((n, v.prediction.claim)) for n, v in zip(names, decided, strict=True)]
+    decided, names, side = report_verdicts(studies, level=level)
     sections: list[str] = []
     png_problem: str | None = None
     pos = 0
@@ -461,7 +488,8 @@ def write_report(
         "language-model sweep) is decided on it. The test is the paired t test (its interval is printed; it "
         "keeps its 5 % error rate at 5, 10 and 20 seeds, where the percentile bootstrap's does not; "
         "`tests/experiments/test_stats.py` measures both), with the exact sign-flip permutation p beside it "
-        f"as a distribution-free check. Differences within {TOL:g} are ties. The p-values of all "
+        f"as a distribution-free check in studies of up to {EXACT_MAX} seeds (above, the t test's normal "
+        "approximation holds). Differences within {TOL:g} are ties. The p-values of all "
         f"{sum(x.verdict in ('held', 'contradicted', 'not resolved') for x in decided)} decided predictions "
         f"are adjusted together with Holm's step-down method; a prediction *holds* when its Holm-adjusted p is "
         f"below {alpha:g} and the difference is on the predicted side, and is *contradicted* when it is below "
@@ -472,7 +500,7 @@ def write_report(
         f"{counts['held']} held, {counts['contradicted']} contradicted, {counts['not resolved']} not resolved, "
         f"{counts['by construction']} by construction, {counts['too few seeds']} with fewer than {MIN_SEEDS} "
         f"seeds, {counts['not measured']} not measured, out of {len(decided)}.\n",
-        verdict_table(decided, names, discovery=side if any(x is not None for x in side) else None),
+        summary_table(studies, level=level),
     ]
     if decided:
         line, why = _figure_line(forest_figure(decided, names), fig_dir / "predictions", png,
@@ -499,7 +527,9 @@ __all__ = [
     "curve_figure",
     "forest_figure",
     "full_table",
+    "report_verdicts",
     "save_figure",
+    "summary_table",
     "verdict_table",
     "write_report",
 ]

@@ -11,7 +11,7 @@ measure counts a never-reached seed as the horizon; |d_s| ≤ ``TOL`` is an exac
 paired t test (``experiments.stats.paired_t``: the p-value and the t interval printed; exact under
 normal differences at any n, where the percentile bootstrap's 95 % CI excludes a true 0 in 17 % of
 runs at n = 5) and, as a distribution-free check printed beside it, the exact sign-flip permutation
-test (``stats.signflip_p``). The p-values of a report's *family* of predictions are adjusted together
+test (``stats.signflip_p``, exact, for studies of up to ``EXACT_MAX`` seeds). The p-values of a report's *family* of predictions are adjusted together
 with Holm's step-down method (``decide(..., adjust="holm")``), and the verdict reads the adjusted p at
 the level α = 1 − ``level`` that the report prints:
 
@@ -57,6 +57,9 @@ TOL = 1e-9
 #: The first seed of a study's confirmation block (its discovery block starts at 0).
 CONFIRM_FIRST_SEED = 10_000
 BLOCKS = ("discovery", "confirmation")
+#: The sign-flip permutation p is computed (exactly, over all 2^n flips) up to this many seeds; above it
+#: the t test's normal approximation holds and a Monte Carlo p would cost seconds per prediction.
+EXACT_MAX = 20
 #: The power of the minimal detectable effect the report prints (``Verdict.mde``).
 POWER = 0.8
 #: A verdict needs at least this many seeds with both arms measured (the t test is exact only for normal
@@ -146,7 +149,7 @@ class Verdict:
     """A prediction's outcome and the paired difference that decided it: ``diff`` (mean of
     arm − baseline over ``n`` seeds) with its t interval [``low``, ``high``] at ``level``, the t test's
     two-sided ``p``, ``p_adj`` (Holm-adjusted within the family it was decided in; = ``p`` alone),
-    ``perm_p`` (exact sign-flip permutation test), ``mde`` (the minimal detectable effect: the true mean
+    ``perm_p`` (exact sign-flip permutation test; None above ``EXACT_MAX`` seeds), ``mde`` (the minimal detectable effect: the true mean
     difference a two-sided t test at α = 1 − level detects with ``POWER`` at these seeds' spread,
     (t_{1−α/2, n−1} + t_{power, n−1})·sd/√n) and the ``block`` of seeds it was computed on."""
 
@@ -275,7 +278,7 @@ class StudyResult:
         )
         return Verdict(p, verdict, n=pd.n, diff=_finite_or_none(mean), low=_finite_or_none(low),
                        high=_finite_or_none(high), p=_finite_or_none(pval), p_adj=_finite_or_none(pval),
-                       perm_p=_finite_or_none(signflip_p(d)), mde=_finite_or_none(mde), level=level,
+                       perm_p=_finite_or_none(signflip_p(d)) if pd.n <= EXACT_MAX else None, mde=_finite_or_none(mde), level=level,
                        block=self.block)  # fmt: skip
 
     # ---- JSON
@@ -414,6 +417,7 @@ __all__ = [
     "DAPO",
     "DFPO",
     "DIRECTIONS",
+    "EXACT_MAX",
     "LOPTI",
     "MIN_SEEDS",
     "REVIEW",

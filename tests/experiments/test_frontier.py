@@ -9,7 +9,16 @@ import math
 import numpy as np
 import pytest
 
-from experiments.frontier import ARMS, NAME, PREDICTIONS, best_setting, run_frontier, tax_setting
+from experiments.frontier import (
+    ARMS,
+    NAME,
+    PREDICTIONS,
+    SEEDS,
+    STEPS,
+    best_setting,
+    run_frontier,
+    tax_setting,
+)
 from experiments.study import CONFIRM_FIRST_SEED, StudyResult
 from experiments.toy import TEMPLATE, measure_seed
 from toymodel import simulate_seeds
@@ -78,15 +87,19 @@ def test_quick_sweep_chooses_by_the_rules_and_confirms_on_fresh_seeds(quick, tmp
     row = next(r for r in disc.grid if r["arm"] == "dfpo_min_replace" and r["lr"] == cfg["lr"]
                and r["inner_epochs"] == cfg["inner_epochs"])  # fmt: skip
     steps = np.array(list(disc.values(key, "steps_to_threshold").values()))
-    assert row["steps_mean"] == pytest.approx(np.where(np.isfinite(steps), steps, 60).mean(), rel=1e-5)
+    assert row["steps_mean"] == pytest.approx(
+        np.where(np.isfinite(steps), steps, STEPS["quick"]).mean(), rel=1e-5
+    )
     # confirmation seeds 10000..: a chosen setting on one of them equals the batched toy run directly
-    res = simulate_seeds(TEMPLATE, "dfpo", [CONFIRM_FIRST_SEED + 3], steps=60, lr=cfg["lr"],
+    res = simulate_seeds(TEMPLATE, "dfpo", [CONFIRM_FIRST_SEED + 3], steps=STEPS["quick"], lr=cfg["lr"],
                          inner_epochs=cfg["inner_epochs"], transform="min_replace")  # fmt: skip
     cols = {k: v[0].numpy() for k, v in res.items()}
     m = measure_seed(cols, samples_per_step=8, sample_budget=10**9, early_step=1)
     got = conf.values(key, "steps_to_threshold")[str(CONFIRM_FIRST_SEED + 3)]
     assert got == m["steps_to_threshold"] or (math.isinf(got) and math.isinf(m["steps_to_threshold"]))
-    assert set(conf.values(key, "final_reward")) == {str(CONFIRM_FIRST_SEED + i) for i in range(16)}
+    assert set(conf.values(key, "final_reward")) == {
+        str(CONFIRM_FIRST_SEED + i) for i in range(SEEDS["quick"][1])
+    }
     # the predictions are the module's, fixed before the confirmation block; the grid survives the round trip
     assert conf.predictions == list(PREDICTIONS)
     back = StudyResult.load(conf.save(tmp_path / "f.json.gz"))

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import math
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from experiments.__main__ import main
-from experiments.report import compact_table, write_report
+from experiments.__main__ import _load, main
+from experiments.report import compact_table, summary_table, write_report
 from experiments.study import MIN_SEEDS, Measure, Prediction, StudyResult, decide
 
 SEEDS = [str(s) for s in range(8)]
@@ -218,3 +219,23 @@ def test_cli_refuses_a_job_count_below_one(tmp_path, capsys) -> None:
     with pytest.raises(SystemExit) as err:
         main(["--jobs", "0", "--report-only", "--out", str(tmp_path)])
     assert err.value.code == 2 and "--jobs must be ≥ 1, got 0" in capsys.readouterr().err
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_committed_report_is_what_the_committed_results_give() -> None:
+    """A fresh clone has the per-seed results (``experiments/results/*.json.gz``) that
+    ``python -m experiments --report-only`` rebuilds the report from, and they give the committed
+    report's summary of verdicts row for row (``--report-only`` itself is run on a hand-made study above)."""
+    results = REPO / "experiments" / "results"
+    assert sorted(results.glob("*.json.gz")), (
+        "experiments/results/*.json.gz (the committed results) are missing"
+    )
+    studies = _load(results)
+    assert {s.name for s in studies} >= {"toy_main", "toy_frontier", "lm_main"}
+    assert {s.block for s in studies if s.name == "toy_main"} == {"discovery", "confirmation"}
+    rows = summary_table(studies).splitlines()
+    committed = (REPO / "experiments" / "REPORT.md").read_text().splitlines()
+    start = committed.index(rows[0])
+    assert committed[start : start + len(rows)] == rows
