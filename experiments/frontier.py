@@ -16,7 +16,7 @@ Two settings per arm are then chosen by rules fixed here, before any confirmatio
 
 - ``<arm>@best``: the setting with the fewest mean steps to the threshold (ties: the smaller lr ×
   epochs), the arm at its own best speed;
-- ``<arm>@tax``: the speed S* = the slowest of the main arms' best speeds (every arm has a setting at
+- ``<arm>@tax`` (and ``@tax20``, the same at ``SLOW_SPEED`` = 20 steps): the speed S* = the slowest of the main arms' best speeds (every arm has a setting at
   least that fast); each arm's setting with every seed reaching the threshold, a mean speed within
   ``SPEED_BAND`` of S* (or, with none there, the closest in speed), and the least mean template KL
   (``tax_setting``): the learning tax read
@@ -30,7 +30,6 @@ and the predictions (``PREDICTIONS``) are decided there. The discovery ``StudyRe
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -79,6 +78,9 @@ LR_BASE = 0.5
 LR_FACTORS = tuple(float(2.0 ** (k / 2)) for k in range(-4, 5))
 EPOCHS = (1, 2, 4, 8)
 MAX_EXTEND = 4
+#: The second speed at which the learning tax is read: toy_main's DFPO reaches E[R] ≥ 0.9 in about 20
+#: steps at the toy's default lr (0.5, 4 inner epochs), a pace of learning, not the fastest possible.
+SLOW_SPEED = 20.0
 #: A setting counts as "at speed S*" when its mean steps lie in [S* (1 − band), S* (1 + band)].
 SPEED_BAND = 0.1
 STEPS = {"full": 200, "quick": 40}
@@ -105,6 +107,13 @@ PREDICTIONS = (
        "equiv_entropy_at_threshold", "dfpo_min_replace@tax", "gspo_eq86@tax", "higher"),
     _p("At equal speed, DFPO keeps a higher equivalent-set entropy than GSPO", _ENT,
        "equiv_entropy_at_threshold", "dfpo_min_replace@tax", "gspo@tax", "higher"),
+    _p("At equal speed of about 20 steps, DFPO pays less learning tax than GSPO", _TAX,
+       "template_kl_at_threshold", "dfpo_min_replace@tax20", "gspo@tax20", "lower"),
+    _p("At equal speed of about 20 steps, DFPO pays less learning tax than the eq. 86 control", f"{_TAX}; {REVIEW}",
+       "template_kl_at_threshold", "dfpo_min_replace@tax20", "gspo_eq86@tax20", "lower"),
+    _p("At equal speed of about 20 steps, DFPO keeps a higher equivalent-set entropy than the eq. 86 control",
+       f"{_ENT}; {REVIEW}", "equiv_entropy_at_threshold", "dfpo_min_replace@tax20", "gspo_eq86@tax20",
+       "higher"),
 )  # fmt: skip
 MEASURES = ("steps_to_threshold", "template_kl_at_threshold", "equiv_entropy_at_threshold", "final_reward")
 
@@ -194,13 +203,14 @@ def _grid(
         )
 
     t0 = time.perf_counter()
+    top = lrs[-1]
     for lr in lrs:
         for ep in epochs:
             run(lr, ep)
-    for _ in range(MAX_EXTEND):
-        if best_setting(rows)["lr"] < sig(lrs[-1]):
+    for k in range(1, MAX_EXTEND + 1):
+        if best_setting(rows)["lr"] < lrs[-1]:
             break
-        lrs.append(sig(lrs[-1] * math.sqrt(2.0)))
+        lrs.append(sig(top * 2.0 ** (k / 2)))
         for ep in epochs:
             run(lrs[-1], ep)
     b = best_setting(rows)
@@ -216,9 +226,10 @@ def _chosen(grid: Sequence[dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], 
     speed = max(best[name]["steps_mean"] for name in MAIN)
     chosen = {f"{name}@best": row for name, row in best.items()}
     for name, rows in by_arm.items():
-        row = tax_setting(rows, speed)
-        if row is not None:
-            chosen[f"{name}@tax"] = row
+        for key, at in (("tax", speed), ("tax20", SLOW_SPEED)):
+            row = tax_setting(rows, at)
+            if row is not None:
+                chosen[f"{name}@{key}"] = row
     return chosen, speed
 
 
@@ -239,8 +250,13 @@ def _result(block: str, first: int, chosen: dict[str, dict[str, Any]], per_seed:
         f"lr was the largest) × inner epochs {EPOCHS}, {SEEDS['full'][0]} seeds per setting in full mode. "
         f"Chosen settings (from the discovery block only): @best = fewest mean steps to E[R] ≥ {THRESHOLD:g}; "
         f"@tax = least mean template KL among settings within ±{SPEED_BAND:.0%} of S* = {speed:.4g} steps "
-        f"(the slowest main arm's best speed) where every seed reached the threshold."
+        f"(the slowest main arm's best speed) where every seed reached the threshold; @tax20 the same at "
+        f"{SLOW_SPEED:g} steps."
     )
+    tops = {a: max(r["lr"] for r in grid if r["arm"] == a) for a in dict.fromkeys(r["arm"] for r in grid)}
+    unbracketed = [
+        a for a, row in chosen.items() if a.endswith("@best") and row["lr"] == tops[a.split("@")[0]]
+    ]
     return StudyResult(
         name=NAME,
         title="Toy: each arm at its own best step size (learning-rate × inner-epoch frontier)",
@@ -259,7 +275,20 @@ def _result(block: str, first: int, chosen: dict[str, dict[str, Any]], per_seed:
             "Equal-lr comparisons (one step size for every arm) are toy_main's and toy_epsilon's; this study "
             "compares each arm at settings chosen for it on the discovery block.",
             "Template KL and equivalent-set entropy are read at E[R] = 0.9 (interpolated between steps), so "
-            "they compare arms at matched reward; @tax additionally matches the speed.",
+            "they compare arms at matched reward; @tax and @tax20 additionally match the speed.",
+            *(
+                [
+                    "Not bracketed: the best speed of "
+                    + ", ".join(a.split("@")[0] for a in unbracketed)
+                    + " is at the largest lr tried, after extending the grid; on the toy a bigger step keeps "
+                    "reaching the threshold sooner (a few steps at the top of the grid), so '@best' measures how "
+                    "few steps the largest updates need, and the speed comparison at each arm's best setting says "
+                    "little about practice. The learning tax at equal speed (@tax, @tax20) is the informative "
+                    "comparison."
+                ]
+                if unbracketed
+                else []
+            ),
         ],
         seconds=seconds,
         block=block,

@@ -35,6 +35,7 @@ from .study import (
     EXACT_MAX,
     MIN_SEEDS,
     POWER,
+    TOL,
     VERDICTS,
     StudyResult,
     Verdict,
@@ -130,7 +131,7 @@ def verdict_table(
         cells += [fmt_value(v.diff, signed=True), _fmt_ci(v.low, v.high, signed=True), str(v.n), fmt_value(v.mde),
                   fmt_p(v.p), fmt_p(v.p_adj) if v.verdict in ("held", "contradicted", "not resolved") else "—",
                   fmt_p(v.perm_p), VERDICT_MARK[v.verdict] + ("" if v.block == "confirmation" or not discovery
-                  else " (discovery block only)")]  # fmt: skip
+                  else " (one block, none to confirm on)")]  # fmt: skip
         lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -489,7 +490,7 @@ def write_report(
         "keeps its 5 % error rate at 5, 10 and 20 seeds, where the percentile bootstrap's does not; "
         "`tests/experiments/test_stats.py` measures both), with the exact sign-flip permutation p beside it "
         f"as a distribution-free check in studies of up to {EXACT_MAX} seeds (above, the t test's normal "
-        "approximation holds). Differences within {TOL:g} are ties. The p-values of all "
+        f"approximation holds). Differences within {TOL:g} are ties. The p-values of all "
         f"{sum(x.verdict in ('held', 'contradicted', 'not resolved') for x in decided)} decided predictions "
         f"are adjusted together with Holm's step-down method; a prediction *holds* when its Holm-adjusted p is "
         f"below {alpha:g} and the difference is on the predicted side, and is *contradicted* when it is below "
