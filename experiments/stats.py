@@ -569,7 +569,9 @@ def benjamini_hochberg(pvalues: Sequence[float]) -> np.ndarray:
 DIRECTIONS = ("lower", "higher")
 
 
-def decide(d: Any, direction: str, *, alpha: float = 0.05, tol: float = 0.0) -> dict[str, Any]:
+def decide(
+    d: Any, direction: str, *, alpha: float = 0.05, tol: float = 0.0, perm_max: int | None = None
+) -> dict[str, Any]:
     """The decision rule for a predicted paired difference ``d`` (``arm - baseline`` per seed).
 
     ``direction``: the prediction, ``"lower"`` (``mean < 0``) or ``"higher"`` (``mean > 0``). Differences
@@ -582,7 +584,8 @@ def decide(d: Any, direction: str, *, alpha: float = 0.05, tol: float = 0.0) -> 
     Why the t test decides: it is exact for normal differences at any ``n`` (and close to its level for
     heavier-tailed ones, see the tests), while the exact sign-flip test cannot go below ``2 / 2^n``: at
     ``n = 5`` its smallest p is 0.0625, so it could never reject at 0.05. The sign-flip p is returned as
-    ``perm_p``, a distribution-free check (``signflip_p``). Returns
+    ``perm_p``, a distribution-free check (``signflip_p``; None above ``perm_max`` pairs, where its Monte
+    Carlo costs seconds and the t test's normal approximation holds). Returns
     ``{"n", "mean", "low", "high", "p", "perm_p", "side"}``.
     """
     if direction not in DIRECTIONS:
@@ -603,7 +606,7 @@ def decide(d: Any, direction: str, *, alpha: float = 0.05, tol: float = 0.0) -> 
         "low": low,
         "high": high,
         "p": p,
-        "perm_p": signflip_p(x),
+        "perm_p": signflip_p(x) if perm_max is None or x.size <= perm_max else None,
         "side": side,
     }
 

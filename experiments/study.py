@@ -44,9 +44,9 @@ from typing import Any
 
 import numpy as np
 
-from .stats import holm, paired_difference, paired_t, signflip_p, t_quantile
+from .stats import DIRECTIONS, holm, paired_difference, t_quantile
+from .stats import decide as decide_pair
 
-DIRECTIONS = ("lower", "higher")
 #: Significant digits of the curves' values in the saved JSON (they only draw figures; per-seed measures
 #: are saved at full precision).
 CURVE_DIGITS = 5
@@ -151,7 +151,8 @@ class Verdict:
     two-sided ``p``, ``p_adj`` (Holm-adjusted within the family it was decided in; = ``p`` alone),
     ``perm_p`` (exact sign-flip permutation test; None above ``EXACT_MAX`` seeds), ``mde`` (the minimal detectable effect: the true mean
     difference a two-sided t test at α = 1 − level detects with ``POWER`` at these seeds' spread,
-    (t_{1−α/2, n−1} + t_{power, n−1})·sd/√n) and the ``block`` of seeds it was computed on."""
+    (t_{1−α/2, n−1} + t_{power, n−1})·sd/√n), ``side`` (``stats.decide``'s: predicted, opposite or tie)
+    and the ``block`` of seeds it was computed on."""
 
     prediction: Prediction
     verdict: str
@@ -163,6 +164,7 @@ class Verdict:
     p_adj: float | None = None
     perm_p: float | None = None
     mde: float | None = None
+    side: str | None = None
     level: float = 0.95
     block: str = "discovery"
 
@@ -264,7 +266,7 @@ class StudyResult:
         if pd.n == 0:
             return Verdict(p, "not measured", level=level, block=self.block)
         d = np.asarray(pd.differences, dtype=float)
-        mean, low, high, pval = paired_t(d, level=level)
+        r = decide_pair(d, p.direction, alpha=1.0 - level, tol=TOL, perm_max=EXACT_MAX)
         mde = math.nan
         if pd.n >= 2:
             q = t_quantile((1 + level) / 2, pd.n - 1) + t_quantile(POWER, pd.n - 1)
@@ -276,9 +278,9 @@ class StudyResult:
             if p.by_construction
             else "not resolved"
         )
-        return Verdict(p, verdict, n=pd.n, diff=_finite_or_none(mean), low=_finite_or_none(low),
-                       high=_finite_or_none(high), p=_finite_or_none(pval), p_adj=_finite_or_none(pval),
-                       perm_p=_finite_or_none(signflip_p(d)) if pd.n <= EXACT_MAX else None, mde=_finite_or_none(mde), level=level,
+        return Verdict(p, verdict, n=pd.n, diff=_finite_or_none(r["mean"]), low=_finite_or_none(r["low"]),
+                       high=_finite_or_none(r["high"]), p=_finite_or_none(r["p"]), p_adj=_finite_or_none(r["p"]),
+                       perm_p=_finite_or_none(r["perm_p"]), mde=_finite_or_none(mde), side=r["side"], level=level,
                        block=self.block)  # fmt: skip
 
     # ---- JSON
@@ -364,10 +366,8 @@ def decide(studies: Sequence[StudyResult], *, level: float = 0.95, adjust: str =
     for i, p_adj in zip(family, adjusted, strict=True):
         v = raw[i]
         verdict = "not resolved"
-        side = 0.0 if v.diff is None or abs(v.diff) <= TOL else v.diff
-        if p_adj < alpha and side != 0.0:
-            predicted = (side < 0) == (v.prediction.direction == "lower")
-            verdict = "held" if predicted else "contradicted"
+        if p_adj < alpha and v.side != "tie":
+            verdict = "held" if v.side == "predicted" else "contradicted"
         out[i] = replace(v, verdict=verdict, p_adj=float(p_adj))
     return out
 
