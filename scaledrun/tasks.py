@@ -91,7 +91,9 @@ class Task:
     equal to ``answer`` except for the ``template`` tasks, where it is the full answer template);
     ``forms``: every equally correct reference completion (``solution`` first) when a task has several
     surface forms of the same answer (``template_forms``), empty otherwise (then ``solution`` is the
-    only one); ``extra``: the dataset row's other columns (empty for synthetic tasks), given to the
+    only one); ``decoys``: plausible wrong completions that the tiny model's supervised warm start
+    also trains on, beside the references (``template_decoy``), so that RL starts from a policy that
+    puts mass on a wrong branch after a shared head; never a reference; ``extra``: the dataset row's other columns (empty for synthetic tasks), given to the
     reward functions as keyword arguments. ``prompt`` and ``extra`` take part in equality, not in
     the hash (messages and column values need not be hashable).
     """
@@ -100,6 +102,7 @@ class Task:
     answer: str
     solution: str
     forms: tuple[str, ...] = ()
+    decoys: tuple[str, ...] = ()
     extra: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     @property
@@ -183,12 +186,25 @@ def _template_forms(a: int, op: str, b: int) -> Task:
     return Task(prompt, ans, forms[0], forms)
 
 
+def _template_decoy(a: int, op: str, b: int) -> Task:
+    """``template_forms`` plus one decoy: the same head, then a wrong shortcut (only the tens are
+    combined), e.g. ``Let me compute 37 + 45. Adding the tens of 37 and 45 gives 70. The answer is 70.``
+    It is wrong unless both units digits are 0 (``+``) or equal (``-``)."""
+    base = _template_forms(a, op, b)
+    tens = (a // 10 + b // 10) * 10 if op == "+" else (a // 10 - b // 10) * 10
+    decoy = f"Let me compute {a} {op} {b}. Adding the tens of {a} and {b} gives {tens}. The answer is {tens}."
+    if op == "-":
+        decoy = f"Let me compute {a} {op} {b}. Subtracting the tens of {b} from {a} gives {tens}. The answer is {tens}."
+    return Task(base.prompt, base.answer, base.solution, base.forms, (decoy,))
+
+
 #: Synthetic task name → builder of one Task from (a, op, b).
 TASKS: dict[str, Callable[[int, str, int], Task]] = {
     "arithmetic": _arithmetic,
     "arithmetic_words": _arithmetic_words,
     "template": _template,
     "template_forms": _template_forms,
+    "template_decoy": _template_decoy,
 }
 
 

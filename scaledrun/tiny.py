@@ -125,7 +125,7 @@ def _tokenizer_corpus(task: str, seed: int) -> list[str]:
     texts: list[str] = ["system", "user", "assistant", "\n"]
     for split in ("train", "eval"):
         for t in load_task(task, split, 1000 if split == "train" else 250, seed=seed):
-            texts += [t.prompt, *t.references]  # every form of a multi-form task
+            texts += [t.prompt, *t.references, *t.decoys]  # every form of a multi-form task, and decoys
     return texts
 
 
@@ -149,12 +149,13 @@ def _sft_batch(tokenizer: Any, tasks: list[Task]) -> tuple[torch.Tensor, torch.T
 
     One row per (task, reference completion): a task with ``forms`` gives one row per form, in order
     (so every problem of ``template_forms`` is seen in both forms equally often); otherwise one row,
-    its ``solution``.
+    its ``solution``. A task's ``decoys`` (wrong completions, ``template_decoy``) give one row each too,
+    after its references.
     """
     rows, labels = [], []
     for t in tasks:
         p = tokenizer(format_prompt(tokenizer, t.prompt), add_special_tokens=False)["input_ids"]
-        for ref in t.references:
+        for ref in (*t.references, *t.decoys):
             c = tokenizer(ref + EOS_TOKEN, add_special_tokens=False)["input_ids"]
             rows.append(p + c)
             labels.append([-100] * len(p) + c)
@@ -282,7 +283,7 @@ def build_tiny(
     if stop_accuracy is not None:  # the next NUM_PROBE problems of the same train stream: not trained on
         probe = load_task(task, "train", 2000 + NUM_PROBE, seed=seed, digits=digits, ops=ops)[2000:]
     held_out = load_task(task, "eval", num_eval, seed=seed, digits=digits, ops=ops)
-    max_new = max(len(tokenizer(r)["input_ids"]) for t in held_out for r in t.references) + 2
+    max_new = max(len(tokenizer(r)["input_ids"]) for t in held_out for r in (*t.references, *t.decoys)) + 2
     record: dict[str, Any] = {
         "task": task, "digits": digits, "ops": ops, "seed": seed, "warm_start_steps": warm_start_steps,
         "num_parameters": sum(p.numel() for p in model.parameters()), "vocab_size": len(tokenizer),

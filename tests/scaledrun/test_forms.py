@@ -206,3 +206,29 @@ def test_stop_accuracy_is_checked(tmp_path):
         build_tiny(tmp_path, "template_forms", warm_start_steps=0, stop_accuracy=0.4)
     with pytest.raises(ValueError, match="stop_accuracy"):
         build_tiny(tmp_path, "template_forms", warm_start_steps=10, stop_accuracy=1.5)
+
+
+def test_decoy_task_hand_worked():
+    t = TASKS["template_decoy"](37, "+", 45)
+    assert t.forms == TASKS["template_forms"](37, "+", 45).forms and t.prompt.startswith("Compute 37 + 45.")
+    assert t.decoys == ("Let me compute 37 + 45. Adding the tens of 37 and 45 gives 70. The answer is 70.",)
+    assert t.references == t.forms  # a decoy is never a reference
+    sub = TASKS["template_decoy"](73, "-", 45)
+    assert sub.decoys == (
+        "Let me compute 73 - 45. Subtracting the tens of 45 from 73 gives 30. The answer is 30.",
+    )
+    # the decoy is rewarded only where dropping the units digits does not matter: both units 0 (+), equal (-)
+    for a, op, b in [(37, "+", 45), (30, "+", 40), (73, "-", 45), (75, "-", 45), (12, "+", 13)]:
+        d = TASKS["template_decoy"](a, op, b)
+        want = float(a % 10 == 0 and b % 10 == 0) if op == "+" else float(a % 10 == b % 10)
+        assert exact_match([d.prompt], list(d.decoys), [d.answer]) == [want]
+        assert exact_match([d.prompt] * 2, list(d.forms), [d.answer] * 2) == [1.0, 1.0]
+
+
+def test_warm_start_rows_include_decoys():
+    tok = train_tokenizer(_tokenizer_corpus("template_decoy", 0))
+    tasks = load_task("template_decoy", "train", 12, seed=0, ops="+-")
+    _, _, labels = _sft_batch(tok, tasks)
+    targets = [tok.decode([i for i in row.tolist() if i != -100]) for row in labels]
+    # per problem: both correct forms, then the decoy (a third of the rows are wrong on purpose)
+    assert targets == [c + EOS_TOKEN for t in tasks for c in (*t.forms, *t.decoys)]
