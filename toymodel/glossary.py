@@ -64,4 +64,10 @@ ROW_DOCS: dict[str, tuple[str, str]] = {
         "by the mini-batches); GRPO's token-mean with unequal lengths is not. NaN without an update.",
         "eq. (2), (18), (68), (72)",
     ),
+    "pos_high_up": (
+        "Of the batch's tokens at a real choice in completions with Â > 0 and π_old ≥ 0.5, the fraction whose "
+        "probability went up over the step's updates (NaN when there are none; the per-seed loop only). "
+        "Plain GRPO lets low-probability tokens' larger gradients push some of them down.",
+        "Lopti paper Fig. 3",
+    ),
 }

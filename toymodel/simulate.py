@@ -59,6 +59,14 @@ Rows (``ROW_KEYS``, the same keys in every row, floats):
     mini-batches; ``length_norm=False`` or ``token-mean`` weigh c_i by |y_i|); GRPO's token-mean with
     unequal lengths is not 0;
 
+- ``pos_high_up`` (``DIAG_KEYS``; ``simulate`` only, NaN in ``simulate_seeds``): the Lopti paper's Fig. 3
+  measure, the fraction of the batch's tokens at a real choice (more than one action), in completions
+  with Â > 0 and with π_old ≥ ``HIGH_PROB``, whose probability went up over the step's updates
+  (``cancellation.diagnostics.token_flip_stats`` with τ = 0 on those tokens); NaN when the batch has
+  none. The paper reports that plain GRPO updates many of them downwards (low-probability tokens'
+  larger gradients dominate the shared parameters; on the toy they share only their context's logits)
+  and that Advantage Reweighting and Lopti raise the fraction;
+
 - the objective's metrics (``cancellation.METRIC_KEYS``: ``asym``, ``clip/low_frac``, ``ratio/mean``,
   ...) from the last optimiser step, i.e. at the parameters just before it.
 
@@ -92,7 +100,7 @@ import torch
 from torch import Tensor
 
 from cancellation import METRIC_KEYS, OBJECTIVES, compute_loss, group_advantages, reweight_advantages
-from cancellation.diagnostics import jitter2, steps_to_threshold
+from cancellation.diagnostics import jitter2, steps_to_threshold, token_flip_stats
 from cancellation.update import (
     RESIDUAL_KEYS,
     CancellationMeter,
@@ -118,11 +126,16 @@ STEP_KEYS: tuple[str, ...] = (
     "template_kl",
     *RESIDUAL_KEYS,  # shared_residual, group_shared_residual, sequence_net_residual
 )
+#: Per-step diagnostics of ``simulate`` that the batched toy does not compute (NaN there).
+DIAG_KEYS: tuple[str, ...] = ("pos_high_up",)
 #: The keys of every row ``simulate`` returns, in order.
 ROW_KEYS: tuple[str, ...] = (
     *STEP_KEYS,
+    *DIAG_KEYS,
     *METRIC_KEYS,
 )
+#: ``pos_high_up``'s high-probability tokens: π_old ≥ this (the Lopti paper's unified η).
+HIGH_PROB = 0.5
 
 OPTIMIZERS = ("sgd", "adam")
 
@@ -292,6 +305,7 @@ def simulate(
 
         metrics = _nan_metrics()
         residuals = dict.fromkeys(RESIDUAL_KEYS, math.nan)
+        pos_high_up = math.nan
         if idx is not None:
             # 5: the batch's tokens and old log-probs; Advantage Reweighting from π_old, once per step
             ctx_b, act_b, mask_b = policy.ctx[idx], policy.act[idx], policy.mask[idx]
@@ -325,6 +339,12 @@ def simulate(
                     metrics = out.metrics
             if meter is not None:
                 residuals = meter.totals.residuals()
+            # the Lopti paper's Fig. 3, beside the update: high-probability tokens of Â > 0 completions
+            high = free_steps[idx] & (old_logp >= math.log(HIGH_PROB)) & (adv[:, None] > 0)
+            if bool(high.any()):
+                new_logp = torch.log_softmax(logits.detach(), -1)[ctx_b, act_b] * mask_b
+                flips = token_flip_stats(old_logp, new_logp, adv, high.to(mask_b.dtype), tau=0.0)
+                pos_high_up = flips["flip/pos_boosted"]
 
         # 7: exact statistics at the parameters after the step's updates
         st = policy.stats(logits, init if template_ids.numel() else None, template_ids)
@@ -339,6 +359,7 @@ def simulate(
             "equiv_log_odds": st["equiv_log_odds"],
             "template_kl": st["kl"],
             **residuals,
+            "pos_high_up": pos_high_up,
         }
         row.update({k: float(metrics[k]) for k in METRIC_KEYS})
         rows.append(row)
@@ -402,4 +423,4 @@ def summarize(
     return out
 
 
-__all__ = ["DEFAULT_LR", "OPTIMIZERS", "ROW_KEYS", "simulate", "summarize"]
+__all__ = ["DEFAULT_LR", "DIAG_KEYS", "HIGH_PROB", "OPTIMIZERS", "ROW_KEYS", "simulate", "summarize"]

@@ -402,9 +402,9 @@ def test_multi_seed_runs_respect_what_the_math_guarantees(scenario: str) -> None
                 assert r["updated"] == 1.0
                 residuals = ("shared_residual", "group_shared_residual", "sequence_net_residual")
                 for k in ROW_KEYS:
-                    if k not in residuals:  # NaN when no shared event got a coefficient
+                    if k not in (*residuals, "pos_high_up"):  # NaN when no shared event got a coefficient
                         assert math.isfinite(r[k]), k
-                for k in residuals:
+                for k in (*residuals, "pos_high_up"):  # pos_high_up: NaN without a high-prob. positive token
                     assert math.isnan(r[k]) or -1e-12 <= r[k] <= 1.0 + 1e-12
         if scenario == "equivalent_solutions":
             assert all(r["template_kl"] == 0.0 for rows in runs for r in rows)
@@ -412,3 +412,49 @@ def test_multi_seed_runs_respect_what_the_math_guarantees(scenario: str) -> None
     # the README's table (``python -m toymodel SCENARIO --compare --seeds 10 --steps 150`` prints the same)
     print(f"\n{scenario}: {seeds} seeds × {steps} steps, G=8, 4 inner epochs, SGD lr=0.5 (defaults)")
     print(format_table(summaries))
+
+
+def _fig3_by_hand(scenario: str, seed: int, group_size: int, num_groups: int, **kw) -> tuple[float, int]:
+    """``pos_high_up`` of step 1 by a plain loop: replay the step's draw, sign the advantages by the group
+    mean, and count high-probability tokens of positive completions whose log π went up."""
+    from toymodel.scenarios import get_scenario
+
+    sc = get_scenario(scenario)
+    pol = sc.policy()
+    after: dict[int, torch.Tensor] = {}
+    rows = simulate(scenario, "grpo", steps=1, seed=seed, group_size=group_size, num_groups=num_groups,
+                    callback=lambda s, lg: after.setdefault(s, lg), **kw)  # fmt: skip
+    lsm0 = torch.log_softmax(sc.initial_logits(), -1)
+    lsm1 = torch.log_softmax(after[1], -1)
+    probs = (lsm0[pol.ctx, pol.act] * pol.mask).sum(-1).exp()
+    idx = torch.multinomial(probs, group_size * num_groups, replacement=True,
+                            generator=torch.Generator().manual_seed(seed))  # fmt: skip
+    r = pol.rewards[idx].tolist()
+    up = count = 0
+    for b, i in enumerate(idx.tolist()):
+        g = b // group_size
+        mean = sum(r[g * group_size : (g + 1) * group_size]) / group_size
+        if not r[b] > mean:
+            continue
+        for t in range(pol.mask.shape[1]):
+            c, a = int(pol.ctx[i, t]), int(pol.act[i, t])
+            if not pol.mask[i, t] or int(pol.valid[c].sum()) < 2 or lsm0[c, a] < math.log(0.5):
+                continue
+            count += 1
+            up += bool(lsm1[c, a] > lsm0[c, a])
+    got = rows[0]["pos_high_up"]
+    if count == 0:
+        assert math.isnan(got)
+        return math.nan, 0
+    assert got == up / count
+    return got, count
+
+
+def test_pos_high_up_is_lopti_fig3_by_a_plain_loop():
+    values = [_fig3_by_hand("template_task", seed, 8, 2) for seed in range(12)]
+    assert sum(n for _, n in values) > 0
+    # both directions occur: some high-probability tokens of positive completions go down under GRPO
+    assert any(0.0 <= v < 1.0 for v, n in values if n) and any(v > 0.0 for v, n in values if n)
+    # no positive completion (all rewards equal: Â = 0 everywhere) gives NaN, not 0
+    rows = simulate("template_task", "grpo", steps=1, seed=0, group_size=1)
+    assert math.isnan(rows[0]["pos_high_up"])
