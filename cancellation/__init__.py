@@ -1,11 +1,12 @@
 """The shared math of token-gradient cancellation in group-relative RL: pure torch, no I/O.
 
 Modules: ``advantages``, ``aggregation``, ``objectives``, ``transforms``, ``batching``, ``diagnostics``,
-``update`` (the schedule of one RL step and its cancellation meters, shared by the toy and the trainer).
+``update`` (the schedule of one RL step and its cancellation meters, shared by the toy and the trainer),
+``coupling`` (the cancellation-hypothesis paper's token-level instruments: coupling kernel, masking effect).
 Shapes and names follow docs/DESIGN.md ("The data that flows").
 """
 
-from . import batching, diagnostics, update
+from . import batching, coupling, diagnostics, update
 from .advantages import group_advantages, reweight_advantages
 from .aggregation import AGGREGATIONS, aggregate
 from .objectives import METRIC_KEYS, OBJECTIVES, compute_loss, objective_names
@@ -19,6 +20,7 @@ __all__ = [
     "aggregate",
     "batching",
     "compute_loss",
+    "coupling",
     "diagnostics",
     "get_transform",
     "group_advantages",
