@@ -63,7 +63,7 @@ app: setup
 notebooks: setup
 	$(VENV)/bin/jupytext --to notebook tutorials/[0-9][0-9]_*.py
 
-# the papers' predictions tested (toy studies + language-model sweep), written to experiments/REPORT.md;
+# the papers' predictions tested (toy studies + the language-model study), written to experiments/REPORT.md;
 # resumable (finished language-model runs are skipped). experiments-quick: the smallest slice, a few minutes.
 experiments: setup
 	$(PY) -m experiments

@@ -2,7 +2,8 @@
 
     python -m experiments                 # everything: toy studies + language-model sweep, then the report
     python -m experiments --quick         # the smallest slice of each (a few minutes), its own folder
-    python -m experiments --only toy      # only the toy studies (or: --only lm)
+    python -m experiments --only toy      # only the toy studies (or: --only lm, the language-model power study)
+    python -m experiments --only lm-grid  # the old five-seed language-model grid (not part of the default run)
     python -m experiments --report-only   # rebuild the report from the saved results, run nothing
 
 Full mode writes the per-study results (JSON) to ``experiments/results/``, the report to
@@ -24,7 +25,7 @@ from pathlib import Path
 from .study import StudyResult
 
 REPO = Path(__file__).resolve().parents[1]
-PARTS = ("toy", "lm")
+PARTS = ("toy", "lm", "lm-grid")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -34,7 +35,12 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("--quick", action="store_true", help="the smallest slice of every study (a few minutes)")
-    ap.add_argument("--only", choices=PARTS, help="run only the toy studies or only the language-model sweep")
+    ap.add_argument(
+        "--only",
+        choices=PARTS,
+        help="run only the toy studies, only the language-model power study (lm), or the old "
+        "five-seed language-model grid (lm-grid, run only when named)",
+    )
     ap.add_argument(
         "--report-only", action="store_true", help="rebuild the report from saved results; run nothing"
     )
@@ -84,11 +90,21 @@ def main(argv: list[str] | None = None) -> int:
 
             print(f"== toy studies ({'quick' if args.quick else 'full'}) -> {out}", flush=True)
             run_toy(out, quick=args.quick)  # saves each study's blocks as it finishes them
+        kw = {} if args.jobs is None else {"jobs": args.jobs}
         if args.only in (None, "lm"):
+            from .lm_power import run_power
+            from .toy import result_path
+
+            print(
+                f"== language-model power study ({'quick' if args.quick else 'full'}) -> {runs / 'power'}",
+                flush=True,
+            )
+            for study in run_power(runs / "power", quick=args.quick, model=args.model, **kw):
+                study.save(result_path(out, study.name, study.block))
+        if args.only == "lm-grid":
             from .lm import run_lm
 
-            print(f"== language-model sweep ({'quick' if args.quick else 'full'}) -> {runs}", flush=True)
-            kw = {} if args.jobs is None else {"jobs": args.jobs}
+            print(f"== language-model grid ({'quick' if args.quick else 'full'}) -> {runs}", flush=True)
             for study in run_lm(runs, quick=args.quick, model=args.model, **kw):
                 study.save(out / f"{study.name}.json.gz")
 

@@ -95,6 +95,7 @@ from .study import (
     SRC_ACCURACY,
     SRC_CANCEL,
     SRC_CONTROL,
+    SRC_ENERGY,
     SRC_ENTROPY,
     SRC_JITTER,
     SRC_SPEED,
@@ -191,15 +192,18 @@ def ensure_model(
     *,
     warm_start_steps: int = WARM_START_STEPS,
     stop_accuracy: float | None = STOP_ACCURACY,
+    settings: Mapping[str, Any] = MODEL_SETTINGS,
     progress: Callable[[str], Any] | None = print,
 ) -> Path:
     """The tiny model in ``folder``: built once (``build_tiny``), reused while its settings match.
+
+    ``settings``: ``build_tiny``'s task, seed, digits and operators (``MODEL_SETTINGS``: ``template_forms``).
 
     Raises ``ValueError`` naming the folder when its ``warm_start.json`` records other settings (a
     different task, seed, digits, operators, warm-start steps or stop accuracy): delete the folder or use
     another root. A folder without ``warm_start.json`` is an interrupted build and is built again.
     """
-    want: dict[str, Any] = {**MODEL_SETTINGS, "warm_start_steps": int(warm_start_steps)}
+    want: dict[str, Any] = {**settings, "warm_start_steps": int(warm_start_steps)}
     extra: dict[str, Any] = {}
     if stop_accuracy is not None:
         want["stop_accuracy"] = extra["stop_accuracy"] = float(stop_accuracy)
@@ -218,12 +222,12 @@ def ensure_model(
             )
         return folder
     say(
-        f"building the tiny model in {folder} ({TASK}, {warm_start_steps} warm-start steps"
+        f"building the tiny model in {folder} ({settings['task']}, {warm_start_steps} warm-start steps"
         + (f", stopping at greedy accuracy {stop_accuracy}" if stop_accuracy is not None else "")
         + ")"
     )
     t0 = time.perf_counter()
-    _tiny.build_tiny(folder, warm_start_steps=warm_start_steps, **MODEL_SETTINGS, **extra)  # type: ignore[arg-type]
+    _tiny.build_tiny(folder, warm_start_steps=warm_start_steps, **settings, **extra)  # type: ignore[arg-type]
     rec = json.loads(record.read_text())
     if "accuracy_after" in rec:
         say(
@@ -442,6 +446,7 @@ MEAN_MEASURES = {
     "flip_rate": "flip/rate",
     "flip_pos_suppressed": "flip/pos_suppressed",
     "flip_neg_boosted": "flip/neg_boosted",
+    "energy_frequent": "energy/bucket_0",
     "time_per_step": "time/step_s",
 }
 
@@ -487,7 +492,7 @@ MEASURE_KEYS = (
     "jitter2_eval_accuracy", "form_entropy_final", "form_entropy_at_threshold", "form_mass_final",
     "form_logodds_final", "shared_residual", "group_shared_residual", "sequence_net_residual", "asym",
     "clip_frac", "clip_low_frac", "clip_high_frac", "flip_rate", "flip_pos_suppressed", "flip_neg_boosted",
-    "entropy_final", "time_per_step",
+    "energy_frequent", "entropy_final", "time_per_step",
 )  # fmt: skip
 
 
@@ -524,6 +529,9 @@ def measure_defs(steps: int, threshold: float, k: int | str = "k") -> list[Measu
         ),
         "flip_pos_suppressed": Measure("flip_pos_suppressed", "tokens suppressed in Â > 0 rollouts", None),
         "flip_neg_boosted": Measure("flip_neg_boosted", "tokens boosted in Â < 0 rollouts", None),
+        "energy_frequent": Measure(
+            "energy_frequent", "gradient-energy share of the most frequent third of tokens (eq. 24)", "lower"
+        ),
         "entropy_final": Measure("entropy_final", f"token entropy, last {FINAL_STEPS} steps", None),
         "time_per_step": Measure("time_per_step", "seconds per step (no eval)", None),
     }
@@ -607,6 +615,18 @@ MAIN_PREDICTIONS = (
        "dfpo_orth_proj_pos", "gspo", "lower"),
     _p("DFPO's transform lowers Asym relative to GSPO", f"{DFPO}, Sec. 6.1 (eq. 23)", "asym", "dfpo_min_replace",
        "gspo", "lower"),
+    _p("DFPO ends with a higher avg@k than the eq. 86 control", _CTRL, "final_avg_at_k", "dfpo_min_replace",
+       "gspo_eq86", "higher"),
+    _p("DFPO ends with a higher sampled reward than the eq. 86 control", _CTRL, "final_reward",
+       "dfpo_min_replace", "gspo_eq86", "higher"),
+    _p("DFPO keeps a higher form entropy than the eq. 86 control at matched reward", f"{_ENT}; {REVIEW}",
+       "form_entropy_at_threshold", "dfpo_min_replace", "gspo_eq86", "higher"),
+    _p("DFPO leaves a lower group-shared residual than the eq. 86 control", _CAN, "group_shared_residual",
+       "dfpo_min_replace", "gspo_eq86", "lower"),
+    _p("DFPO puts a smaller share of gradient energy on the most frequent tokens than GSPO", SRC_ENERGY,
+       "energy_frequent", "dfpo_min_replace", "gspo", "lower"),
+    _p("DFPO puts a smaller share of gradient energy on the most frequent tokens than the eq. 86 control",
+       SRC_ENERGY, "energy_frequent", "dfpo_min_replace", "gspo_eq86", "lower"),
 )  # fmt: skip
 ABLATION_PREDICTIONS = (
     _p("DFPO with the paper's estimator reaches the threshold sooner than its ppo_clip variant (clipped "
@@ -847,17 +867,60 @@ def start_threshold(
     return start, min(0.95, round(start + THRESHOLD_GAIN, 2))
 
 
-def collect(
+@dataclass
+class GridMeasures:
+    """What a finished grid measured: ``per_seed`` (arm → measure → seed → value; measures no run logged
+    are left out), ``curves`` (``CURVES``), the reward threshold ``threshold`` and how it was set
+    (``threshold_text``), ``k`` of avg@k, the ``setting`` in words and ``notes`` (the limits, failed runs)."""
+
+    per_seed: dict[str, dict[str, dict[str, float]]]
+    curves: dict[str, dict[str, dict[str, Any]]]
+    threshold: float
+    threshold_text: str
+    k: str
+    setting: str
+    notes: list[str]
+
+    def study(
+        self,
+        name: str,
+        arms: Sequence[str],
+        baseline: str,
+        title: str,
+        question: str,
+        predictions: Sequence[Prediction],
+        grid: Mapping[str, Mapping[str, Any]],
+        steps: int,
+        seconds: float,
+        labels: Mapping[str, str] | None = None,
+        **extra: Any,
+    ) -> StudyResult:
+        """A ``StudyResult`` of ``arms`` (those of ``predictions`` whose two arms are both here); ``labels``
+        overrides ``ARM_LABELS``; ``extra``: other ``StudyResult`` fields (``block``, ``first_seed``)."""
+        names = set(arms)
+        labels = {**ARM_LABELS, **dict(labels or {})}
+        return StudyResult(
+            name=name, title=title, question=question, setting=self.setting, baseline=baseline,
+            arms={a: {"label": labels.get(a, a), "config": dict(grid[a])} for a in arms},
+            measures=measure_defs(steps, self.threshold, self.k),
+            per_seed={a: self.per_seed[a] for a in arms},
+            curves={c: {a: v for a, v in per_arm.items() if a in names} for c, per_arm in self.curves.items()},
+            predictions=[p for p in predictions if p.arm in names and p.baseline in names],
+            notes=list(self.notes), seconds=seconds, **extra,
+        )  # fmt: skip
+
+
+def measure_grid(
     outcomes: Sequence[RunOutcome],
     *,
     steps: int,
     grid: Mapping[str, Mapping[str, Any]],
     model_desc: str = "",
     threshold: float | None = None,
-    seconds: float = 0.0,
     overrides: Mapping[str, Any] | None = None,
-) -> list[StudyResult]:
-    """The studies of a finished grid (``lm_main``; ``lm_ablations`` when an ablation arm ran)."""
+    limits: Sequence[str] = (),
+) -> GridMeasures:
+    """Measure every run of a finished grid (``measure_run``, ``run_curves``) and state its setting."""
     complete = {
         (o.arm, o.seed): _read_rows(o.path)
         for o in outcomes
@@ -903,13 +966,14 @@ def collect(
     failed = [o for o in outcomes if o.status == "failed"]
     shared = _shared_text(outcomes, grid, overrides)
     seeds_text = "; ".join(f"{a}: seeds {sorted({o.seed for o in outcomes if o.arm == a})}" for a in grid)
+    task = dict(overrides or {}).get("task", TASK)
     setting = (
-        f"scaledrun.train through {BASE_CONFIG.relative_to(REPO)} on task {TASK!r} with {model_desc}; {shared}. "
+        f"scaledrun.train through {BASE_CONFIG.relative_to(REPO)} on task {task!r} with {model_desc}; {shared}. "
         f"{steps} steps per run; {seeds_text} (the same seed ids in every arm: common random numbers). "
         f"Reward threshold {thr_text}, on the trailing {min(MA_WINDOW, steps)}-step mean of reward/mean (full "
         "windows only); matched reward for the form entropy: the first eval at or after that step."
     )
-    notes_common = list(LIMITS)
+    notes_common = list(limits)
     if not any("form_entropy_final" in per_seed[a] for a in per_seed):
         notes_common.append(
             "The trainer logged no eval/form_* metric in these runs, so the form-entropy predictions are not measured."
@@ -920,19 +984,29 @@ def collect(
             + "; ".join(f"{o.arm}/seed{o.seed}: {o.message.splitlines()[0]}" for o in failed)
         )
 
+    return GridMeasures(per_seed, curves, thr, thr_text, k, setting, notes_common)
+
+
+def collect(
+    outcomes: Sequence[RunOutcome],
+    *,
+    steps: int,
+    grid: Mapping[str, Mapping[str, Any]],
+    model_desc: str = "",
+    threshold: float | None = None,
+    seconds: float = 0.0,
+    overrides: Mapping[str, Any] | None = None,
+) -> list[StudyResult]:
+    """The studies of a finished grid (``lm_main``; ``lm_ablations`` when an ablation arm ran)."""
+    measured = measure_grid(
+        outcomes, steps=steps, grid=grid, model_desc=model_desc, threshold=threshold, overrides=overrides,
+        limits=LIMITS,
+    )  # fmt: skip
+
     def study(
         name: str, arm_names: list[str], baseline: str, title: str, question: str, preds
     ) -> StudyResult:
-        names = set(arm_names)
-        return StudyResult(
-            name=name, title=title, question=question, setting=setting, baseline=baseline,
-            arms={a: {"label": ARM_LABELS.get(a, a), "config": dict(grid[a])} for a in arm_names},
-            measures=measure_defs(steps, thr, k),
-            per_seed={a: per_seed[a] for a in arm_names},
-            curves={c: {a: v for a, v in arms.items() if a in names} for c, arms in curves.items()},
-            predictions=[p for p in preds if p.arm in names and p.baseline in names],
-            notes=list(notes_common), seconds=seconds,
-        )  # fmt: skip
+        return measured.study(name, arm_names, baseline, title, question, preds, grid, steps, seconds)
 
     main = [a for a in grid if a not in ABLATION_ARMS]
     out = []
@@ -980,9 +1054,10 @@ def _shared_text(
         "group_size", "prompts_per_step", "inner_epochs", "num_minibatches", "batching", "lr", "max_new_tokens",
         "lora_rank", "num_train", "num_eval", "eval_every", "eval_k", "temperature",
     )  # fmt: skip
+    per_arm = sorted({k for params in grid.values() for k in params})  # e.g. lr, when each arm has its own
     return (
-        ", ".join(f"{k} = {cfg[k]}" for k in keys if k in cfg)
-        + "; each arm changes only the fields in its config (objective, transform, estimator, batching)"
+        ", ".join(f"{k} = {cfg[k]}" for k in keys if k in cfg and k not in per_arm)
+        + f"; each arm changes only the fields in its config ({', '.join(per_arm) or 'none'})"
     )
 
 

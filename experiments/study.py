@@ -93,6 +93,8 @@ SRC_CANCEL = f"{DFPO}, Sec. 4.4 (eq. 17-18); App. B"
 SRC_GROUP_SIZE = f"{DFPO}, Sec. 6.2 Table 4"
 SRC_COUPLING = f"{DFPO}, eq. 13; App. A.2 eq. 38"
 SRC_SYMCLIP_SLOWER = f"{DFPO}, App. H.3 (eq. 79)"
+#: DFPO Sec. 6.1: the transform lowers eq. 24's energy on high-frequency token buckets (less learning tax).
+SRC_ENERGY = f"{DFPO}, Sec. 6.1 (eq. 24)"
 
 #: At most this many points per saved curve.
 CURVE_POINTS = 100

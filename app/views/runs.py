@@ -14,7 +14,7 @@ token-flip diagnostics, which the trainer measures on one mini-batch of each ste
 The folder input's default is the environment variable ``CANCELLATION_RUNS_DIR`` when set (the browser
 test points it at a fixture run), else ``runs/`` (the trainer's default ``output_dir`` is ``runs/tiny``).
 The folder may also be one run folder: that run is then the one run offered, under its own name; run
-folders two levels down (a sweep's ``<arm>/seed<k>``, ``experiments/lm.py``) are offered as ``arm/seed<k>``. A new
+folders two levels down (a sweep's ``<arm>/seed<k>``, ``experiments/lm.py`` and ``lm_power.py``) are offered as ``arm/seed<k>``. A new
 folder starts with its first runs picked (a selection never outlives the folder it was made in). A folder that
 does not exist, is a file or holds no run folder is said so on the page, naming it, with the commands (the
 README's quick start) that build the tiny model and train a first run into it.

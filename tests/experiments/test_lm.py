@@ -130,6 +130,7 @@ def test_per_seed_values_equal_the_metrics_files(sweep, tmp_path):
             "asym": _mean(r["asym"] for r in rows),
             "clip_frac": _mean(r["clip/frac"] for r in rows),
             "flip_rate": _mean(r["flip/rate"] for r in rows),
+            "energy_frequent": _mean(r["energy/bucket_0"] for r in rows),
             "time_per_step": _mean(r["time/step_s"] for r in rows),
             "entropy_final": _mean(r["entropy"] for r in rows),
         }

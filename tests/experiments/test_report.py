@@ -233,7 +233,7 @@ def test_the_committed_report_is_what_the_committed_results_give() -> None:
         "experiments/results/*.json.gz (the committed results) are missing"
     )
     studies = _load(results)
-    assert {s.name for s in studies} >= {"toy_main", "toy_frontier", "lm_main"}
+    assert {s.name for s in studies} >= {"toy_main", "toy_frontier", "lm_power", "lm_power_big_steps"}
     assert {s.block for s in studies if s.name == "toy_main"} == {"discovery", "confirmation"}
     rows = summary_table(studies).splitlines()
     committed = (REPO / "experiments" / "REPORT.md").read_text().splitlines()
