@@ -55,6 +55,7 @@ from .lm import (
     LOG_FILE,
     MAIN_PREDICTIONS,
     RunOutcome,
+    _mean,
     _model_note,
     _overrides,
     _read_rows,
@@ -276,11 +277,6 @@ def _with_start(study: StudyResult, start: Mapping[int, Mapping[str, float]], k:
     return dataclasses.replace(
         study, per_seed=per_seed, measures=[*study.measures, *START_MEASURES], curves=curves
     )
-
-
-def _mean(values: Sequence[float]) -> float:
-    finite = [v for v in values if math.isfinite(v)]
-    return sum(finite) / len(finite) if finite else math.nan
 
 
 # --------------------------------------------------------------------------------------------------
