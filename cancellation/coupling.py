@@ -12,7 +12,8 @@ says so and gives the rebuilt form).
 - ``mask_sets``, ``first_order_masking_effect``, ``masking_effect``, ``boost_stats`` (Sec. 2's Masking
   Effect and Table 1), ``coupling_mass`` (how the coupling splits by Eq. 10's two conditions);
 - ``update_norm_split`` (eq. 11–12) and ``surviving_signal`` (eq. 13): the group update's norm and filter;
-- ``counterfactual_value`` (App. E.2, eq. 20): the Monte Carlo counterfactual token value;
+- ``counterfactual_value`` (App. E.2, eq. 20): the Monte Carlo counterfactual token value; ``value_gap``
+  (Fig. 5): the mean value of boosted minus suppressed tokens, optionally on the top-k by entropy;
 - ``per_token_scores`` and ``sgd_step``: what a model supplies (per-token gradients, one SGD step).
 
 Flat tokens. The N tokens of a batch are its completion tokens flattened row-major over the completion
@@ -633,6 +634,73 @@ def counterfactual_value(
     return torch.where(ok, value, torch.full_like(value, math.nan))
 
 
+class ValueGap(NamedTuple):
+    """``value_gap``'s result: the mean value of boosted and of suppressed tokens, and their difference.
+
+    ``gap`` = ``boosted`` − ``suppressed`` (NaN when either set is empty); ``n_boosted`` and
+    ``n_suppressed`` count the tokens each mean is taken over (after the entropy top-k restriction).
+    """
+
+    gap: float
+    boosted: float
+    suppressed: float
+    n_boosted: int
+    n_suppressed: int
+
+
+def value_gap(
+    values: Tensor, delta: Tensor, entropy: Tensor | None = None, top_frac: float = 1.0
+) -> ValueGap:
+    """Fig. 5's statistic: mean counterfactual value of boosted minus that of suppressed tokens.
+
+    Sec. 3 of the paper: a token is *boosted* when the update raised its log-probability (Δ log π > 0) and
+    *suppressed* when it lowered it (Δ log π < 0); tokens with Δ log π = 0 exactly, or whose value is NaN
+    (``counterfactual_value``'s guard), are in neither set. Fig. 5(b) restricts to the ``top_frac``
+    highest-entropy tokens first: the ⌈top_frac·N⌉ tokens with the largest ``entropy`` (ties broken by
+    position, so the subset is deterministic), then splits them by the sign of ``delta``.
+
+    Args:
+        values: (N,) counterfactual token values (eq. 20), NaN allowed.
+        delta: (N,) Δ log π of the same tokens after the update.
+        entropy: (N,) the entropy of each token's next-token distribution; needed when ``top_frac`` < 1.
+        top_frac: the fraction of highest-entropy tokens kept, in (0, 1].
+    Returns:
+        ``ValueGap(gap, boosted, suppressed, n_boosted, n_suppressed)``.
+    """
+    _check_tensor("values", values)
+    _check_shape("values", values, "(N,)", 1)
+    if not values.is_floating_point():
+        raise TypeError(f"`values` must be a floating-point tensor, got dtype {values.dtype}")
+    if bool(torch.isinf(values).any()):
+        raise ValueError("`values` contains inf; NaN (no value) is allowed, inf is not")
+    n = values.shape[0]
+    _check_tensor("delta", delta)
+    _check_shape("delta", delta, "(N,)", 1, (n,))
+    _check_float("delta", delta)
+    if isinstance(top_frac, bool) or not isinstance(top_frac, (int, float)):
+        raise TypeError(f"`top_frac` must be a number, got {type(top_frac).__name__}")
+    if not 0.0 < float(top_frac) <= 1.0:
+        raise ValueError(f"`top_frac` must be in (0, 1], got {top_frac}")
+    keep = torch.ones(n, dtype=torch.bool, device=values.device)
+    if float(top_frac) < 1.0:
+        if entropy is None:
+            raise ValueError("`entropy` is needed when `top_frac` < 1 (the top-k is by entropy)")
+        _check_tensor("entropy", entropy)
+        _check_shape("entropy", entropy, "(N,)", 1, (n,))
+        _check_float("entropy", entropy)
+        k = math.ceil(float(top_frac) * n)
+        # stable sort: equal entropies keep their positions, so the subset does not depend on the backend
+        order = torch.sort(-entropy.detach().to(torch.float64), stable=True).indices[:k]
+        keep = torch.zeros(n, dtype=torch.bool, device=values.device)
+        keep[order] = True
+    ok = keep & ~torch.isnan(values)
+    boosted, suppressed = ok & (delta > 0), ok & (delta < 0)
+    nb, ns = int(boosted.sum()), int(suppressed.sum())
+    mb = float(values[boosted].double().mean()) if nb else math.nan
+    ms = float(values[suppressed].double().mean()) if ns else math.nan
+    return ValueGap(mb - ms, mb, ms, nb, ns)
+
+
 # ------------------------------------------------------------------------------------------------
 # what a model supplies
 
@@ -717,6 +785,7 @@ __all__ = [
     "BoostStats",
     "FirstOrderDelta",
     "NormSplit",
+    "ValueGap",
     "boost_stats",
     "counterfactual_value",
     "coupling_kernel",
@@ -731,4 +800,5 @@ __all__ = [
     "sgd_step",
     "surviving_signal",
     "update_norm_split",
+    "value_gap",
 ]

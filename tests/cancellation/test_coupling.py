@@ -29,6 +29,7 @@ from cancellation.coupling import (
     sgd_step,
     surviving_signal,
     update_norm_split,
+    value_gap,
 )
 
 F64 = torch.float64
@@ -457,6 +458,23 @@ def _v(*xs: float) -> torch.Tensor:
     return torch.tensor(xs, dtype=F64)
 
 
+def test_value_gap_by_hand_and_entropy_top_k() -> None:
+    values = _v(1.0, 0.5, math.nan, -0.2, 0.4, 0.0)
+    delta = _v(0.3, -0.1, 0.2, -0.4, 0.0, 0.1)
+    entropy = _v(0.9, 0.1, 0.8, 0.7, 0.6, 0.2)
+    # all tokens: boosted {0, 5} (2 has a NaN value, 4 a zero delta), suppressed {1, 3}
+    g = value_gap(values, delta)
+    assert (g.n_boosted, g.n_suppressed) == (2, 2)
+    assert g.boosted == pytest.approx(0.5) and g.suppressed == pytest.approx(0.15)
+    assert g.gap == pytest.approx(0.35)
+    # top half by entropy = tokens {0, 2, 3}: boosted {0}, suppressed {3}
+    h = value_gap(values, delta, entropy, top_frac=0.5)
+    assert (h.n_boosted, h.n_suppressed) == (1, 1) and h.gap == pytest.approx(1.2)
+    # no suppressed token among the top third {0, 2}: the gap is undefined, not 0
+    t = value_gap(values, delta, entropy, top_frac=1 / 3)
+    assert t.n_suppressed == 0 and math.isnan(t.gap) and t.boosted == pytest.approx(1.0)
+
+
 @pytest.mark.parametrize(
     ("call", "name"),
     [
@@ -536,6 +554,9 @@ def _v(*xs: float) -> torch.Tensor:
         (lambda: counterfactual_value(_v(0.5, 0.6), _v(0.1, 0.2, 0.3), 0.2), "mean_state"),
         (lambda: counterfactual_value(0.5, 0.4, 0.2, min_alt_prob=1.0), "min_alt_prob"),
         (lambda: per_token_scores(lambda: _v(1.0, 2.0), [torch.ones(2, dtype=F64)]), "params"),
+        (lambda: value_gap(_v(1.0, 2.0), _v(0.1)), "delta"),
+        (lambda: value_gap(_v(1.0, 2.0), _v(0.1, -0.1), top_frac=0.5), "entropy"),
+        (lambda: value_gap(_v(1.0, 2.0), _v(0.1, -0.1), _v(1.0, 2.0), top_frac=0.0), "top_frac"),
         (lambda: sgd_step(_net_logp, _net_params(), -0.5), "lr"),
     ],
 )
