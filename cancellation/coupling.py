@@ -14,7 +14,8 @@ says so and gives the rebuilt form).
 - ``update_norm_split`` (eq. 11–12) and ``surviving_signal`` (eq. 13): the group update's norm and filter;
 - ``counterfactual_value`` (App. E.2, eq. 20): the Monte Carlo counterfactual token value; ``value_gap``
   (Fig. 5): the mean value of boosted minus suppressed tokens, optionally on the top-k by entropy;
-- ``per_token_scores`` and ``sgd_step``: what a model supplies (per-token gradients, one SGD step).
+- ``per_token_scores``, ``sgd_update`` and ``sgd_step``: what a model supplies (per-token gradients, one
+  SGD step).
 
 Flat tokens. The N tokens of a batch are its completion tokens flattened row-major over the completion
 mask (``x[mask.bool()]`` for a (B, T) tensor ``x``). Names used throughout:
@@ -745,14 +746,43 @@ def per_token_scores(logp_fn: Callable[[], Tensor], params: Sequence[Tensor]) ->
     return out
 
 
+def sgd_update(
+    logp_of: Callable[[list[Tensor]], Tensor], params: Sequence[Tensor], coef: Tensor, lr: float
+) -> list[Tensor]:
+    """One SGD ascent step on J(θ) = Σ_k coef_k log π_θ(y_k): θ' = θ + lr·∇_θ J (eq. 2–3), as new tensors.
+
+    ``params`` are never modified (the step differentiates a detached copy); the coefficients are held
+    constant (detached). Returns θ' (detached, same shapes as ``params``), e.g. to take several steps in a
+    row; ``sgd_step`` wraps it for ``masking_effect``.
+
+    Args:
+        logp_of: maps a list of parameter tensors (same shapes as ``params``) to the (N,) log-probs.
+        params: the starting parameters θ.
+        coef: (N,) the coefficients c_k.
+        lr: the SGD step size ≥ 0.
+    """
+    lr = _check_lr(lr)
+    if not list(params):
+        raise ValueError("`params` is empty: pass the parameters the step updates")
+    theta = [p.detach().clone().requires_grad_(True) for p in params]
+    logp = logp_of(theta)
+    _check_tensor("coef", coef)
+    _check_shape("coef", coef, "(N,)", 1, (logp.shape[0],))
+    # eq. (2)-(3): J = Σ_k c_k log π(y_k), θ' = θ + lr·∇J
+    objective = (coef.detach().to(logp.dtype) * logp).sum()
+    grads = torch.autograd.grad(objective, theta, allow_unused=True)
+    with torch.no_grad():
+        return [(t + lr * g if g is not None else t).detach() for t, g in zip(theta, grads, strict=True)]
+
+
 def sgd_step(
     logp_of: Callable[[list[Tensor]], Tensor], params: Sequence[Tensor], lr: float
 ) -> Callable[[Tensor], Tensor]:
     """Build ``masking_effect``'s ``step`` for any differentiable model: one SGD ascent step from a copy.
 
-    The returned ``step(coef)`` takes θ' = θ + lr·∇_θ Σ_k coef_k log π_θ(y_k) (eq. 3) from a detached copy
-    of ``params`` (so every call starts from the same θ; ``params`` are never modified) and returns
-    ``logp_of(θ')`` (N,), detached. For an ``nn.Module``, ``logp_of`` can wrap
+    The returned ``step(coef)`` takes θ' = θ + lr·∇_θ Σ_k coef_k log π_θ(y_k) (eq. 3, ``sgd_update``) from a
+    detached copy of ``params`` (so every call starts from the same θ; ``params`` are never modified) and
+    returns ``logp_of(θ')`` (N,), detached. For an ``nn.Module``, ``logp_of`` can wrap
     ``torch.func.functional_call(model, dict(zip(names, theta)), inputs)``.
 
     Args:
@@ -768,15 +798,9 @@ def sgd_step(
         raise ValueError("`params` is empty: pass the parameters the step updates")
 
     def step(coef: Tensor) -> Tensor:
-        theta = [p.clone().requires_grad_(True) for p in base]
-        logp = logp_of(theta)
-        _check_shape("coef", coef, "(N,)", 1, (logp.shape[0],))
-        # eq. (2)-(3): J = Σ_k c_k log π(y_k), θ' = θ + lr·∇J
-        objective = (coef.detach().to(logp.dtype) * logp).sum()
-        grads = torch.autograd.grad(objective, theta, allow_unused=True)
+        new = sgd_update(logp_of, base, coef, lr)
         with torch.no_grad():
-            new = [t + lr * g if g is not None else t for t, g in zip(theta, grads, strict=True)]
-            return logp_of([t.detach() for t in new]).detach()
+            return logp_of(new).detach()
 
     return step
 
@@ -798,6 +822,7 @@ __all__ = [
     "per_token_scores",
     "proxy_kernel",
     "sgd_step",
+    "sgd_update",
     "surviving_signal",
     "update_norm_split",
     "value_gap",

@@ -3,6 +3,7 @@
     python -m experiments                 # everything: toy studies + language-model sweep, then the report
     python -m experiments --quick         # the smallest slice of each (a few minutes), its own folder
     python -m experiments --only toy      # only the toy studies (or: --only lm, the language-model power study)
+    python -m experiments --only coupling # the token-level instruments (cancellation hypothesis), ~10 min
     python -m experiments --only lm-grid  # the old five-seed language-model grid (not part of the default run)
     python -m experiments --report-only   # rebuild the report from the saved results, run nothing
 
@@ -25,7 +26,7 @@ from pathlib import Path
 from .study import StudyResult
 
 REPO = Path(__file__).resolve().parents[1]
-PARTS = ("toy", "lm", "lm-grid")
+PARTS = ("toy", "lm", "coupling", "lm-grid")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -38,8 +39,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--only",
         choices=PARTS,
-        help="run only the toy studies, only the language-model power study (lm), or the old "
-        "five-seed language-model grid (lm-grid, run only when named)",
+        help="run only the toy studies, only the language-model power study (lm), only the token-level "
+        "instruments (coupling), or the old five-seed language-model grid (lm-grid, run only when named)",
     )
     ap.add_argument(
         "--report-only", action="store_true", help="rebuild the report from saved results; run nothing"
@@ -101,6 +102,11 @@ def main(argv: list[str] | None = None) -> int:
             )
             for study in run_power(runs / "power", quick=args.quick, model=args.model, **kw):
                 study.save(result_path(out, study.name, study.block))
+        if args.only in (None, "coupling"):
+            from .token_level import run_token_level
+
+            print(f"== token-level instruments ({'quick' if args.quick else 'full'}) -> {out}", flush=True)
+            run_token_level(out, runs / "power", quick=args.quick, model=args.model)
         if args.only == "lm-grid":
             from .lm import run_lm
 
@@ -117,10 +123,14 @@ def main(argv: list[str] | None = None) -> int:
     given = sys.argv[1:] if argv is None else argv
     command = " ".join(["python -m experiments", shlex.join(given)]).strip()
     from .report import write_report
+    from .token_level import load as load_token_level
+    from .token_level import markdown as token_level_markdown
 
+    token_level = load_token_level(out)
     write_report(
-        studies, report, png=not args.no_png, command=command, mode="quick" if args.quick else "full"
-    )
+        studies, report, png=not args.no_png, command=command, mode="quick" if args.quick else "full",
+        appendix=token_level_markdown(token_level) if token_level else "",
+    )  # fmt: skip
     print(f"report: {report} ({len(studies)} studies, {time.perf_counter() - started:.0f} s)")
     return 0
 

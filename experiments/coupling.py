@@ -21,7 +21,15 @@ seeds and ``closest_to_paper`` ranks the readings by the mean absolute differenc
 their four seed-averaged Boost Rates from the paper's column (LM-head for ``update="head"``, Full for
 ``update="full"``).
 
-Run (CPU, a few seconds; prints the default table, the grid ranked by distance, the closest reading):
+Sec. 3 ("Cancellation favors tokens with higher value") and App. E.2 compare the tokens the update boosts
+(Δ log π > 0) with those it suppresses by their counterfactual token value (App. E.2 eq. 20,
+(Q − V)/(1 − π)): ``value_gap_study`` gives Fig. 5 (a: the gap after one step, b: on the top-k% highest
+entropy tokens), Fig. 11 (the gap after repeated steps on one fixed batch) and Fig. 6 (the gap vs the
+sampling budget) on the neural toy, with the values *exact* (``toymodel.values.exact_token_values``: the
+support is enumerated, so there is no Monte Carlo error) and every gap from ``cancellation.coupling.value_gap``.
+
+Run (CPU, about half a minute; prints the default table, the grid ranked by distance, the closest reading,
+then the value-gap tables on ``template_task`` and ``shared_prefix``):
 
     python -m experiments.coupling
 """
@@ -39,6 +47,7 @@ from torch import Tensor
 
 from cancellation import group_advantages
 from cancellation.coupling import (
+    ValueGap,
     boost_stats,
     coupling_kernel,
     coupling_mass,
@@ -49,9 +58,12 @@ from cancellation.coupling import (
     per_token_scores,
     proxy_kernel,
     sgd_step,
+    sgd_update,
+    value_gap,
 )
 from cancellation.update import coefficients
 from toymodel.neural import NeuralPolicy
+from toymodel.values import exact_token_values
 
 #: Table 1's four mask sets, in the paper's row order.
 MASK_SETS = ("random", "same_token", "low_confidence", "both")
@@ -146,6 +158,28 @@ def sample_batch(
     gen = torch.Generator().manual_seed(_SAMPLE_OFFSET + int(seed))
     idx = policy.sample(group_size * num_groups, params, gen)
     group = torch.arange(num_groups).repeat_interleave(group_size)
+    return make_batch(
+        policy, params, idx, group, objective=objective, aggregation=aggregation, adv_scale=adv_scale,
+        fit_kl=fit_kl,
+    )  # fmt: skip
+
+
+def make_batch(
+    policy: NeuralPolicy,
+    params: list[Tensor],
+    idx: Tensor,
+    group: Tensor,
+    *,
+    objective: str = "grpo",
+    aggregation: str | None = None,
+    adv_scale: str = "group",
+    fit_kl: float = math.nan,
+) -> Batch:
+    """The ``Batch`` of given trajectories ``idx`` (B,) in groups ``group`` (B,) under ``params``.
+
+    ``sample_batch``'s second half (it samples ``idx``, then calls this); use it to build a batch by hand.
+    Advantages: ``group_advantages(R, group, scale=adv_scale)``; coefficients on-policy (ratios 1).
+    """
     rewards = policy.rewards[idx]
     adv = group_advantages(rewards, group, scale=adv_scale)
     mask = policy.step_mask(idx)
@@ -612,6 +646,8 @@ RATE_KEYS = frozenset(
     {"boost_rate", "paper_br", "first_order_boost_rate", "tie_rate", "proxy_vs_full_first",
      "proxy_vs_full_actual", "head_vs_full_actual"}
 )  # fmt: skip
+#: value-gap columns (``value_rows``): printed with four decimals, signed except the SEs
+VALUE_KEYS = frozenset({"gap", "gap_se", "gap_top", "gap_top_se", "boosted", "suppressed"})
 
 
 def _fmt(key: str, v: Any) -> str:
@@ -624,6 +660,8 @@ def _fmt(key: str, v: Any) -> str:
             return f"{100.0 * v:.1f}"
         if key.startswith("mb_") or key in ("mean_boost", "first_order_mean_boost"):
             return f"{v:.2e}"
+        if key in VALUE_KEYS:
+            return f"{v:.4f}" if key.endswith("_se") else f"{v:+.4f}"
         return f"{v:.2f}"
     return str(v)
 
@@ -632,7 +670,8 @@ def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None =
     """A markdown table of ``rows`` (columns: the keys of the first row, or ``columns``).
 
     Rates (``RATE_KEYS``, keys starting with ``RATE_PREFIXES``) print in percent with one decimal, Mean
-    Boosts (``mb_*``, ``mean_boost``) in scientific notation, other floats with two decimals, NaN as "–".
+    Boosts (``mb_*``, ``mean_boost``) in scientific notation, values and value gaps (``VALUE_KEYS``) with
+    four decimals, other floats with two decimals, NaN as "–".
     """
     if not rows:
         return "(no rows)"
@@ -662,8 +701,313 @@ def table_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+# ------------------------------------------------------------------------------------------------
+# the value gap (Sec. 3 "Cancellation favors tokens with higher value", App. E.2; Fig. 5, 6, 11)
+
+#: how ``value_gap_study`` repeats updates on one fixed batch (Fig. 11), see its docstring
+REPEAT_MODES = ("recompute", "fixed")
+#: Fig. 5(b)'s entropy fractions: the top 10%, 20%, ..., 100% highest-entropy tokens
+TOP_FRACS = tuple(k / 10 for k in range(1, 11))
+#: the rollout subsets of Fig. 5(a): every token, tokens of rollouts with A > 0, with A < 0
+VALUE_SUBSETS = ("all", "positive", "negative")
+#: the scenarios ``main`` prints the value gap of: the default one and one with a choice at every step
+VALUE_SCENARIOS = ("template_task", "shared_prefix")
+
+
+def batch_token_values(batch: Batch, params: list[Tensor] | None = None) -> Tensor:
+    """(N,) the exact counterfactual value (App. E.2 eq. 20) of the batch's N flattened tokens.
+
+    Row-major over ``batch.mask``, the order of ``batch.tokens``. The trajectory distribution is the net's
+    under ``params`` (default ``batch.params``, the policy that sampled the batch), enumerated over the
+    support (``toymodel.values.exact_token_values``); a forced token (its prefix has one continuation) is NaN.
+    """
+    theta = batch.params if params is None else params
+    with torch.no_grad():
+        traj_probs = batch.policy.probs([p.detach() for p in theta])
+    return exact_token_values(batch.policy, traj_probs, batch.idx).value[batch.mask.bool()]
+
+
+def token_entropy(batch: Batch) -> Tensor:
+    """(N,) the entropy (nats) of each token's next-token distribution π_j (``batch.probs``), 0·log 0 = 0."""
+    p = batch.probs.detach()
+    logp = torch.where(p > 0, p.log(), torch.zeros_like(p))
+    return -(p * logp).sum(-1)
+
+
+def _stats(xs: Sequence[float]) -> dict[str, float]:
+    """Mean and standard error (sample std / √n) of the non-NaN ``xs``, and their count n."""
+    v = [float(x) for x in xs if not math.isnan(float(x))]
+    n = len(v)
+    if not n:
+        return {"mean": math.nan, "se": math.nan, "n": 0}
+    mean = sum(v) / n
+    se = math.sqrt(sum((x - mean) ** 2 for x in v) / (n - 1) / n) if n > 1 else math.nan
+    return {"mean": mean, "se": se, "n": n}
+
+
+def _advance(batch: Batch, theta: Sequence[Tensor], coef: Tensor, lr: float) -> tuple[list[Tensor], Tensor]:
+    """One ``sgd_update`` from ``theta``: (θ', the (N,) log π_θ' of the batch's tokens)."""
+    new = sgd_update(batch.logp_of, theta, coef, lr)
+    with torch.no_grad():
+        return new, batch.logp_of(new).detach()
+
+
+def _subset_gaps(values: Tensor, delta: Tensor, adv_tok: Tensor) -> dict[str, ValueGap]:
+    """Fig. 5(a): ``value_gap`` over every token and over the tokens of positive / negative rollouts."""
+    sel = {
+        "all": torch.ones_like(adv_tok, dtype=torch.bool),
+        "positive": adv_tok > 0,
+        "negative": adv_tok < 0,
+    }
+    return {k: value_gap(values[m], delta[m]) for k, m in sel.items()}
+
+
+def seed_value_gaps(
+    batch: Batch,
+    *,
+    lr: float = 1.0,
+    top_fracs: Sequence[float] = TOP_FRACS,
+    n_steps: int = 5,
+    repeat: str = "recompute",
+    budget_top_frac: float = 0.25,
+    objective: str = "grpo",
+    aggregation: str | None = None,
+) -> dict[str, Any]:
+    """Every value gap of one batch (``value_gap_study`` averages these over seeds).
+
+    Values and entropies are those of the batch's (start) policy; Δ log π is measured on the batch's own
+    tokens. Returns ``{"fig5a": {subset: ValueGap}, "self_only": ValueGap, "fig5b": {top_frac: ValueGap}, "fig11": [ValueGap of
+    steps 1..n_steps], "budget": (gap of every token, gap on the top ``budget_top_frac`` by entropy)}``.
+    ``lr``, ``n_steps``, ``repeat``: as in ``value_gap_study``; ``objective`` and ``aggregation`` recompute the
+    coefficients under ``repeat="recompute"`` and must be those the batch was built with.
+    """
+    if repeat not in REPEAT_MODES:
+        raise ValueError(f"unknown repeat {repeat!r}; valid: {', '.join(REPEAT_MODES)}")
+    if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 1:
+        raise ValueError(f"`n_steps` must be a positive int, got {n_steps!r}")
+    values = batch_token_values(batch)
+    entropy = token_entropy(batch)
+    base = batch.logp.detach()
+    valid = batch.mask.bool()
+    kw: dict[str, Any] = {} if aggregation is None else {"aggregation": aggregation}
+    with torch.no_grad():
+        old_bt = batch.policy.token_logp([p.detach() for p in batch.params], batch.idx)
+    theta: list[Tensor] = [p.detach().clone() for p in batch.params]
+    steps: list[ValueGap] = []
+    delta1 = torch.full_like(base, math.nan)
+    for n in range(n_steps):
+        if repeat == "recompute" and n > 0:
+            with torch.no_grad():
+                cur_bt = batch.policy.token_logp(theta, batch.idx)
+            # the GRPO surrogate at the current policy, ratio to the batch's old log-probs (clipping applies)
+            coef = coefficients(
+                objective, cur_bt, old_bt, batch.advantages, batch.mask, batch.group, with_metrics=False, **kw
+            ).coef[valid]
+        else:
+            coef = batch.coef  # on-policy (ratio 1): the first step of either mode
+        theta, logp = _advance(batch, theta, coef, lr)
+        # Fig. 11: boosted / suppressed by the cumulative Δ log π since the start policy
+        delta = logp - base
+        if n == 0:
+            delta1 = delta
+        steps.append(value_gap(values, delta))
+    return {
+        "fig5a": _subset_gaps(values, delta1, batch.adv_tok),
+        # the no-coupling control: each token moved by its own term lr·c_j·K_jj alone (K_jj > 0), so boosted
+        # = the tokens of positive rollouts; the gap above it is what coupling (cancellation) adds
+        "self_only": value_gap(values, batch.coef),
+        "fig5b": {float(k): value_gap(values, delta1, entropy, k) for k in top_fracs},
+        "fig11": steps,
+        "budget": (steps[0], value_gap(values, delta1, entropy, budget_top_frac)),
+    }
+
+
+def value_gap_study(
+    scenario: str = "template_task",
+    *,
+    seeds: Sequence[int] = tuple(range(8)),
+    group_size: int = 8,
+    num_groups: int = 4,
+    lr: float = 1.0,
+    top_fracs: Sequence[float] = TOP_FRACS,
+    n_steps: int = 5,
+    repeat: str = "recompute",
+    budget_group_sizes: Sequence[int] = (2, 4, 8, 16),
+    budget_num_groups: Sequence[int] = (1, 2, 4, 8),
+    budget_top_frac: float = 0.25,
+    objective: str = "grpo",
+    aggregation: str | None = None,
+    context: str | None = "prefix",
+    init: str = "random",
+    d_embed: int = 8,
+    d_hidden: int = 8,
+    quick: bool = False,
+) -> dict[str, Any]:
+    """Fig. 5, 11 and 6 of arXiv 2605.08666 on the neural toy: do GRPO-boosted tokens have higher value?
+
+    Per seed one on-policy batch (``sample_batch``: the seeded net, ``num_groups`` groups of ``group_size``),
+    the exact counterfactual value of each token at the batch's policy (``batch_token_values``, App. E.2
+    eq. 20), the entropy of its next-token distribution (``token_entropy``), and the GRPO step(s) on the
+    batch with all parameters (``cancellation.coupling.sgd_step``, θ' = θ + lr·Σ_k c_k g_k, the Full update).
+    Every gap is ``cancellation.coupling.value_gap`` (mean value of boosted minus suppressed tokens,
+    boosted: Δ log π > 0). Each setting's gap is averaged over ``seeds`` (a seed whose gap is NaN, e.g. no
+    suppressed token, is left out) and reported as mean, SE (sample std / √n) and n.
+
+    - Fig. 5(a): after one step, over every token and over the tokens of positive / negative rollouts
+      (the paper: boosted > suppressed "regardless of whether they originate from positive or negative
+      rollouts"). The paper samples equal numbers of boosted and suppressed tokens and estimates values by
+      Monte Carlo; here every token is used and the values are exact.
+    - The no-coupling control (``self_only``, ours): the gap when each token moves by its own term
+      lr·c_j·K_jj alone, i.e. boosted = the tokens of positive rollouts; ``coupling_adds`` = the Fig. 5(a)
+      gap minus it, paired by seed: what the coupling between tokens (cancellation) adds to the gap.
+    - Fig. 5(b): the same step, the gap on the ⌈k·N⌉ highest-entropy tokens for k in ``top_fracs``.
+    - Fig. 11: ``n_steps`` repeated updates on the same fixed batch. Our reading (the text does not say):
+      boosted / suppressed by the sign of the *cumulative* Δ log π since the start policy, values at the
+      START policy (the batch's tokens keep the value they had when sampled). ``repeat="recompute"``
+      (default): advantages fixed, the coefficients recomputed at the current policy by
+      ``cancellation.update.coefficients`` (ratio to the batch's old log-probs, so GRPO's clipping applies
+      once a ratio leaves [1 − ε, 1 + ε]), as PPO-style epochs over one batch do; ``"fixed"``: plain SGD
+      with the first step's coefficients held fixed (J = Σ c_k log π linear, no clipping).
+    - Fig. 6: the one-step gap (every token, and the top ``budget_top_frac`` by entropy: our reading of
+      the paper's "top-25%" subset) vs the sampling budget, ``group_size`` over ``budget_group_sizes`` at
+      ``num_groups`` fixed and ``num_groups`` over ``budget_num_groups`` at ``group_size`` fixed.
+
+    Defaults: ``lr=1.0`` and the net's conventions as ``table1`` (its docstring gives the reasons); 8 seeds,
+    5 repeated steps and budgets up to 16 × 4 and 8 × 8 rollouts keep one study at a few seconds.
+    ``quick=True``: a smoke-test slice of the same study: the first 3 seeds, at most 3 repeated steps, and
+    only the first and last value of each budget axis.
+
+    Returns:
+        ``{"scenario", "seeds", "group_size", "num_groups", "lr", "repeat", "n_steps", "budget_top_frac",
+        "fig5a": {subset: {"gap"|"boosted"|"suppressed": {mean, se, n}}}, "fig5b": {top_frac: {mean, se,
+        n}}, "fig11": {step: {mean, se, n}}, "fig6": [{axis, group_size, num_groups, gap: {...}, gap_top:
+        {...}}], "per_seed": {seed: ``seed_value_gaps``'s dict}}``.
+    """
+    if repeat not in REPEAT_MODES:
+        raise ValueError(f"unknown repeat {repeat!r}; valid: {', '.join(REPEAT_MODES)}")
+    seeds = tuple(int(s) for s in seeds)
+    if not seeds:
+        raise ValueError("`seeds` is empty: pass at least one seed")
+    if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 1:
+        raise ValueError(f"`n_steps` must be a positive int, got {n_steps!r}")
+    if quick:
+        seeds, n_steps = seeds[:3], min(n_steps, 3)
+        budget_group_sizes = tuple(dict.fromkeys(budget_group_sizes[:1] + budget_group_sizes[-1:]))
+        budget_num_groups = tuple(dict.fromkeys(budget_num_groups[:1] + budget_num_groups[-1:]))
+    b_kw: dict[str, Any] = dict(
+        context=context, init=init, d_embed=d_embed, d_hidden=d_hidden, objective=objective,
+        aggregation=aggregation,
+    )  # fmt: skip
+    g_kw: dict[str, Any] = dict(
+        lr=lr, top_fracs=top_fracs, n_steps=n_steps, repeat=repeat, budget_top_frac=budget_top_frac,
+        objective=objective, aggregation=aggregation,
+    )  # fmt: skip
+    per_seed = {
+        seed: seed_value_gaps(
+            sample_batch(scenario, seed=seed, group_size=group_size, num_groups=num_groups, **b_kw), **g_kw
+        )
+        for seed in seeds
+    }
+    fig5a = {
+        sub: {
+            key: _stats([getattr(r["fig5a"][sub], key) for r in per_seed.values()])
+            for key in ("gap", "boosted", "suppressed")
+        }
+        for sub in VALUE_SUBSETS
+    }
+    self_only = _stats([r["self_only"].gap for r in per_seed.values()])
+    coupling_adds = _stats([r["fig5a"]["all"].gap - r["self_only"].gap for r in per_seed.values()])
+    fig5b = {float(k): _stats([r["fig5b"][float(k)].gap for r in per_seed.values()]) for k in top_fracs}
+    fig11 = {n + 1: _stats([r["fig11"][n].gap for r in per_seed.values()]) for n in range(n_steps)}
+
+    # Fig. 6: one step per (budget, seed); only the first step and the budget's top-k are needed
+    one = {**g_kw, "n_steps": 1, "top_fracs": ()}
+    fig6 = []
+    for axis, gs_ng in (
+        ("group_size", [(g, num_groups) for g in budget_group_sizes]),
+        ("num_groups", [(group_size, m) for m in budget_num_groups]),
+    ):
+        for gs, ng in gs_ng:
+            if (gs, ng) == (group_size, num_groups):
+                gaps = [r["budget"] for r in per_seed.values()]
+            else:
+                gaps = [
+                    seed_value_gaps(
+                        sample_batch(scenario, seed=seed, group_size=gs, num_groups=ng, **b_kw), **one
+                    )["budget"]
+                    for seed in seeds
+                ]
+            fig6.append(
+                {"axis": axis, "group_size": gs, "num_groups": ng, "gap": _stats([g[0].gap for g in gaps]),
+                 "gap_top": _stats([g[1].gap for g in gaps])}
+            )  # fmt: skip
+    return {
+        "scenario": scenario, "seeds": seeds, "group_size": group_size, "num_groups": num_groups,
+        "lr": float(lr), "repeat": repeat, "n_steps": n_steps, "budget_top_frac": float(budget_top_frac),
+        "fig5a": fig5a, "self_only": self_only, "coupling_adds": coupling_adds, "fig5b": fig5b,
+        "fig11": fig11, "fig6": fig6, "per_seed": per_seed,
+    }  # fmt: skip
+
+
+def value_rows(result: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """``value_gap_study``'s result as four tables of rows for ``format_table``: fig5a, fig5b, fig11, fig6.
+
+    Each row has ``gap`` (seed mean), ``gap_se`` and ``seeds`` (the seeds averaged); Fig. 5(a) adds the mean
+    ``boosted`` and ``suppressed`` values, Fig. 6 the gap on the top-k by entropy (``gap_top``, ``gap_top_se``).
+    """
+
+    def cols(prefix: str, st: dict[str, float]) -> dict[str, Any]:
+        return {prefix: st["mean"], f"{prefix}_se": st["se"]}
+
+    fig5a = [
+        {"rollouts": sub, **cols("gap", st["gap"]), "boosted": st["boosted"]["mean"],
+         "suppressed": st["suppressed"]["mean"], "seeds": st["gap"]["n"]}
+        for sub, st in result["fig5a"].items()
+    ]  # fmt: skip
+    if "self_only" in result:
+        fig5a.append({"rollouts": "all, self-only control", **cols("gap", result["self_only"]),
+                      "boosted": math.nan, "suppressed": math.nan, "seeds": result["self_only"]["n"]})  # fmt: skip
+        fig5a.append({"rollouts": "all, what coupling adds", **cols("gap", result["coupling_adds"]),
+                      "boosted": math.nan, "suppressed": math.nan, "seeds": result["coupling_adds"]["n"]})  # fmt: skip
+    fig5b = [
+        {"top_frac": f"{100.0 * float(k):.0f}%", **cols("gap", st), "seeds": st["n"]}
+        for k, st in result["fig5b"].items()
+    ]
+    fig11 = [{"steps": n, **cols("gap", st), "seeds": st["n"]} for n, st in result["fig11"].items()]
+    fig6 = [
+        {"axis": r["axis"], "group_size": r["group_size"], "num_groups": r["num_groups"],
+         **cols("gap", r["gap"]), **cols("gap_top", r["gap_top"]), "seeds": r["gap"]["n"]}
+        for r in result["fig6"]
+    ]  # fmt: skip
+    return {"fig5a": fig5a, "fig5b": fig5b, "fig11": fig11, "fig6": fig6}
+
+
+def format_value_tables(result: dict[str, Any]) -> str:
+    """The four value-gap tables of ``value_gap_study``'s result as markdown, with headings."""
+    rows = value_rows(result)
+    head = (
+        f"{result['scenario']}, seeds {result['seeds'][0]}-{result['seeds'][-1]} ({len(result['seeds'])}), "
+        f"{result['group_size']} × {result['num_groups']} rollouts, lr {result['lr']:g}"
+    )
+    top = f"{100.0 * result['budget_top_frac']:.0f}%"
+    return "\n\n".join(
+        [
+            f"#### Fig. 5(a): value of boosted − suppressed tokens after one GRPO step ({head})",
+            format_table(rows["fig5a"]),
+            "#### Fig. 5(b): the gap on the top-k% highest-entropy tokens",
+            format_table(rows["fig5b"]),
+            f"#### Fig. 11: the gap after n repeated steps on the fixed batch (repeat={result['repeat']}; "
+            "cumulative Δ log π, values at the start policy)",
+            format_table(rows["fig11"]),
+            f"#### Fig. 6: the gap vs sampling budget (gap_top: top {top} by entropy)",
+            format_table(rows["fig6"]),
+        ]
+    )
+
+
 def main() -> None:  # pragma: no cover - printing entry point
-    """Print the default Table 1, the convention grid ranked by distance, and the closest reading."""
+    """Print the default Table 1, the convention grid ranked by distance, the closest reading, then the
+    value-gap tables (Fig. 5, 11, 6) on ``template_task`` and on ``shared_prefix`` (choices at every step)."""
     torch.set_num_threads(1)
     res = table1()
     print(f"## Table 1, defaults ({res['scenario']}, seed {res['seed']}, update {res['update']})\n")
@@ -680,6 +1024,11 @@ def main() -> None:  # pragma: no cover - printing entry point
     best = ranked[0]
     print("\nclosest reading: " + ", ".join(f"{k}={best[k]}" for k in CONVENTION_KEYS)
           + f" ({best['distance_pp']:.1f} pp)")  # fmt: skip
+    for scenario in VALUE_SCENARIOS:
+        print(f"\n## Value gap (Sec. 3, App. E.2): {scenario}\n")
+        print("(exact counterfactual values, eq. 20; gap = mean value of boosted − suppressed tokens, "
+              "mean ± SE over seeds)\n")  # fmt: skip
+        print(format_value_tables(value_gap_study(scenario)))
 
 
 if __name__ == "__main__":  # pragma: no cover
@@ -692,17 +1041,29 @@ __all__ = [
     "CONVENTION_KEYS",
     "MASK_SETS",
     "PAPER_BOOST_RATE",
+    "REPEAT_MODES",
+    "TOP_FRACS",
     "UPDATES",
+    "VALUE_KEYS",
+    "VALUE_SCENARIOS",
+    "VALUE_SUBSETS",
     "Batch",
     "Measurement",
+    "batch_token_values",
     "candidate_mask",
     "closest_to_paper",
     "convention_grid",
     "format_table",
+    "format_value_tables",
+    "make_batch",
     "measure",
     "paper_distance",
     "sample_batch",
+    "seed_value_gaps",
     "summarise",
     "table1",
     "table_rows",
+    "token_entropy",
+    "value_gap_study",
+    "value_rows",
 ]

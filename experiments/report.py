@@ -405,13 +405,15 @@ def write_report(
     n_boot: int = N_BOOT,
     preamble: str = "",
     level: float = 0.95,
+    appendix: str = "",
 ) -> Path:
     """Render ``studies`` into the markdown report at ``path`` and its figures (default ``<path's folder>/figures``).
 
     A study saved on two blocks of seeds (``StudyResult.block``) is decided on its confirmation block and
     shows its discovery block beside it; a study with one block is decided on that block. Every decided
     prediction of the report is one family for Holm's adjustment (``experiments.study.decide``); the
-    discovery blocks form a second family, shown for comparison."""
+    discovery blocks form a second family, shown for comparison. ``appendix``: markdown appended after the
+    studies (the token-level section, ``experiments.token_level.markdown``)."""
     path = Path(path)
     fig_dir = Path(figures_dir) if figures_dir is not None else path.parent / "figures"
     fig_dir.mkdir(parents=True, exist_ok=True)
@@ -512,7 +514,7 @@ def write_report(
         png_problem = png_problem or why
     if png_problem and png:
         head.append(f"_PNG figures were not written ({png_problem}); the HTML figures were._\n")
-    text = "\n".join(head) + "\n" + "\n\n".join(sections)
+    text = "\n".join(head) + "\n" + "\n\n".join([*sections, *([appendix] if appendix else [])])
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path

@@ -27,6 +27,7 @@ from cancellation.coupling import (
     per_token_scores,
     proxy_kernel,
     sgd_step,
+    sgd_update,
     surviving_signal,
     update_norm_split,
     value_gap,
@@ -296,6 +297,18 @@ def test_sgd_step_matches_a_hand_written_step_and_leaves_params_alone() -> None:
         assert torch.equal(p.detach(), b)
 
 
+def test_sgd_update_returns_the_hand_written_parameters_and_chains() -> None:
+    ps = _net_params(7)
+    before = [p.detach().clone() for p in ps]
+    one = sgd_update(_net_logp, ps, COEF, 0.1)
+    torch.testing.assert_close(_net_logp(one).detach(), _sgd_logp(ps, COEF, 0.1), atol=1e-13, rtol=0)
+    two = sgd_update(_net_logp, one, COEF, 0.1)  # a second step from θ', as repeated updates take it
+    torch.testing.assert_close(_net_logp(two).detach(), _sgd_logp(one, COEF, 0.1), atol=1e-13, rtol=0)
+    assert all(not t.requires_grad for t in two)
+    for p, b in zip(ps, before, strict=True):
+        assert torch.equal(p.detach(), b)
+
+
 def test_boost_stats_by_hand() -> None:
     out = boost_stats(torch.tensor([0.2, -0.1, 0.0, 0.3, 0.1], dtype=F64))
     assert isinstance(out, BoostStats)
@@ -558,6 +571,7 @@ def test_value_gap_by_hand_and_entropy_top_k() -> None:
         (lambda: value_gap(_v(1.0, 2.0), _v(0.1, -0.1), top_frac=0.5), "entropy"),
         (lambda: value_gap(_v(1.0, 2.0), _v(0.1, -0.1), _v(1.0, 2.0), top_frac=0.0), "top_frac"),
         (lambda: sgd_step(_net_logp, _net_params(), -0.5), "lr"),
+        (lambda: sgd_update(_net_logp, _net_params(), COEF[:2], 0.1), "coef"),
     ],
 )
 def test_bad_input_raises_naming_the_argument(call, name: str) -> None:
