@@ -381,3 +381,260 @@ def orthant_rays(normal: np.ndarray, tol: float = 1e-12) -> list[np.ndarray]:
             if np.all(r >= -tol) and not any(np.allclose(r, x) for x in rays):
                 rays.append(np.clip(r, 0.0, None))
     return rays
+
+
+# ------------------------------------------------------------------------------------------------
+# token coupling (the cancellation-hypothesis paper, arXiv 2605.08666): the Token coupling page's figures
+
+#: colours of the token-coupling figures: a positive advantage, a negative one, zero, marked pairs
+ADV_POS_COLOR, ADV_NEG_COLOR, ADV_ZERO_COLOR = "#2a9d8f", "#e76f51", "#999999"
+MARK_COLOR = "rgba(20, 20, 20, 0.55)"
+
+
+def kernel_scale(kernel: np.ndarray, quantile: float = 0.99) -> float:
+    """The colour range ±zmax of a kernel heat map: a high quantile of the off-diagonal |K| (1 if all are 0).
+
+    The diagonal K_jj = ‖g_j‖² (the self-terms) and a few strongly coupled pairs are far larger than most
+    couplings; scaling by the 99th percentile of the off-diagonal entries keeps the rest visible and lets
+    those saturate.
+    """
+    k = np.asarray(kernel, dtype=float)
+    off = np.abs(k[~np.eye(k.shape[0], dtype=bool)]) if k.shape[0] > 1 else np.zeros(0)
+    top = float(np.quantile(off, quantile)) if off.size else 0.0
+    if top <= 0.0:
+        top = float(off.max()) if off.size else 0.0
+    return top if top > 0.0 else 1.0
+
+
+def kernel_heatmap(
+    kernel: np.ndarray,
+    labels: Sequence[str],
+    title: str,
+    *,
+    marks: np.ndarray | None = None,
+    mark_name: str = "marked pairs",
+    boundaries: Sequence[int] = (),
+    height: int = 380,
+) -> go.Figure:
+    """An (N, N) kernel as a heat map over the batch's tokens (row j, column k), red > 0 > blue.
+
+    Args:
+        kernel: (N, N) values (drawn as float32).
+        labels: N distinct token labels, the axes' categories (row 0 at the top).
+        title: the figure title.
+        marks: optional (N, N) bool: pairs drawn with a dark translucent overlay (a second heat map trace
+            named ``mark_name``, 1 on the marked pairs, 0 transparent).
+        boundaries: token indices where a new group starts (a thin line before each).
+        height: in pixels.
+    """
+    k = np.asarray(kernel, dtype=float)
+    zmax = kernel_scale(k)
+    labels = list(labels)
+    fig = go.Figure(
+        go.Heatmap(
+            z=k.astype(np.float32),
+            x=labels,
+            y=labels,
+            zmin=-zmax,
+            zmax=zmax,
+            colorscale="RdBu_r",
+            name="K",
+            colorbar={"thickness": 10, "len": 0.8},
+            hovertemplate="j: %{y}<br>k: %{x}<br>value: %{z:.4g}<extra></extra>",
+        )
+    )
+    if marks is not None:
+        fig.add_trace(
+            go.Heatmap(
+                z=np.asarray(marks, dtype=bool).astype(np.uint8),
+                x=labels,
+                y=labels,
+                zmin=0,
+                zmax=1,
+                colorscale=[[0.0, "rgba(0, 0, 0, 0)"], [1.0, MARK_COLOR]],
+                showscale=False,
+                hoverinfo="skip",
+                name=mark_name,
+            )
+        )
+    line = {"color": "black", "width": 1}
+    n = len(labels)
+    shapes = [
+        shape
+        for b in boundaries
+        for shape in (
+            {"type": "line", "x0": b - 0.5, "x1": b - 0.5, "y0": -0.5, "y1": n - 0.5, "line": line},
+            {"type": "line", "y0": b - 0.5, "y1": b - 0.5, "x0": -0.5, "x1": n - 0.5, "line": line},
+        )
+    ]
+    fig.update_layout(
+        title={"text": title, "font": {"size": 14}},
+        height=height,
+        margin={"l": 10, "r": 10, "t": 40, "b": 10},
+        xaxis={"type": "category", "showticklabels": False, "title": "token k", "constrain": "domain"},
+        yaxis={
+            "type": "category",
+            "autorange": "reversed",
+            "showticklabels": False,
+            "title": "token j",
+            "scaleanchor": "x",
+            "constrain": "domain",
+        },
+        shapes=shapes,
+    )
+    return fig
+
+
+def _by_sign(adv: Sequence[float]) -> list[tuple[str, str, np.ndarray]]:
+    a = np.asarray(adv, dtype=float)
+    return [
+        ("A > 0", ADV_POS_COLOR, a > 0),
+        ("A < 0", ADV_NEG_COLOR, a < 0),
+        ("A = 0", ADV_ZERO_COLOR, a == 0),
+    ]
+
+
+def delta_scatter(
+    first_order: Sequence[float],
+    actual: Sequence[float],
+    labels: Sequence[str],
+    adv: Sequence[float],
+    title: str,
+    height: int = 400,
+) -> go.Figure:
+    """Actual Δ log π (y) against its first-order prediction (x), one point per token, with y = x.
+
+    Args:
+        first_order, actual: (N,) Δ log π of each token, predicted and measured.
+        labels: N token labels (hover); adv: (N,) each token's rollout advantage (the colour).
+    """
+    x, y = np.asarray(first_order, dtype=float), np.asarray(actual, dtype=float)
+    lab = np.asarray(list(labels), dtype=object)
+    fig = go.Figure()
+    for name, c, sel in _by_sign(adv):
+        if sel.any():
+            fig.add_scatter(
+                x=x[sel], y=y[sel], mode="markers", name=name, text=lab[sel],
+                marker={"size": 6, "color": c, "opacity": 0.7},
+                hovertemplate="%{text}<br>first order: %{x:.4g}<br>actual: %{y:.4g}<extra></extra>",
+            )  # fmt: skip
+    both = np.concatenate([x, y]) if x.size else np.zeros(1)
+    lo, hi = float(both.min()), float(both.max())
+    fig.add_scatter(
+        x=[lo, hi], y=[lo, hi], mode="lines", name="y = x", line={"color": "gray", "dash": "dash"},
+        hoverinfo="skip",
+    )  # fmt: skip
+    fig.update_layout(
+        title={"text": title, "font": {"size": 14}},
+        height=height,
+        margin={"l": 10, "r": 10, "t": 40, "b": 10},
+        xaxis_title="first-order Δ log π (eq. 5)",
+        yaxis_title="actual Δ log π after the step",
+        legend={"orientation": "h", "y": -0.2},
+    )
+    return fig
+
+
+def self_coupling_scatter(
+    self_term: Sequence[float],
+    coupling: Sequence[float],
+    labels: Sequence[str],
+    adv: Sequence[float],
+    title: str,
+    height: int = 400,
+) -> go.Figure:
+    """Each token's coupling term (y) against its self-term (x) of eq. (5), with the line y = −x.
+
+    Below y = −x (for a positive self-term) the other tokens undo more than the token's own push.
+    """
+    x, y = np.asarray(self_term, dtype=float), np.asarray(coupling, dtype=float)
+    lab = np.asarray(list(labels), dtype=object)
+    fig = go.Figure()
+    for name, c, sel in _by_sign(adv):
+        if sel.any():
+            fig.add_scatter(
+                x=x[sel], y=y[sel], mode="markers", name=name, text=lab[sel],
+                marker={"size": 6, "color": c, "opacity": 0.7},
+                hovertemplate="%{text}<br>self: %{x:.4g}<br>coupling: %{y:.4g}<extra></extra>",
+            )  # fmt: skip
+    span = float(np.abs(np.concatenate([x, y])).max()) if x.size else 1.0
+    fig.add_scatter(
+        x=[-span, span], y=[span, -span], mode="lines", name="coupling = −self (Δ = 0)",
+        line={"color": "gray", "dash": "dot"}, hoverinfo="skip",
+    )  # fmt: skip
+    fig.update_layout(
+        title={"text": title, "font": {"size": 14}},
+        height=height,
+        margin={"l": 10, "r": 10, "t": 40, "b": 10},
+        xaxis_title="self-term lr·c_j·K_jj",
+        yaxis_title="coupling term lr·Σ_{k≠j} c_k K_jk",
+        legend={"orientation": "h", "y": -0.2},
+    )
+    return fig
+
+
+def masking_histogram(
+    exact: Sequence[float], first_order: Sequence[float], title: str, height: int = 360
+) -> go.Figure:
+    """Overlaid histograms of the candidates' exact and first-order Masking Effects, and the line ME = 0."""
+    fig = go.Figure()
+    fig.add_histogram(x=np.asarray(exact, dtype=float), name="exact ME (two SGD steps)", opacity=0.65,
+                      marker_color=PALETTE[0], nbinsx=40)  # fmt: skip
+    fig.add_histogram(x=np.asarray(first_order, dtype=float), name="first order lr·Σ_{k∈M} c_k K_jk",
+                      opacity=0.45, marker_color=PALETTE[1], nbinsx=40)  # fmt: skip
+    fig.add_vline(x=0.0, line_dash="dash", line_color="black")
+    fig.update_layout(
+        barmode="overlay",
+        title={"text": title, "font": {"size": 14}},
+        height=height,
+        margin={"l": 10, "r": 10, "t": 40, "b": 10},
+        xaxis_title="Masking Effect ME_j (> 0: the masked tokens boost j)",
+        yaxis_title="candidates",
+        legend={"orientation": "h", "y": -0.25},
+    )
+    return fig
+
+
+def value_gap_bars(
+    boosted: float, suppressed: float, n_boosted: int, n_suppressed: int, height: int = 340
+) -> go.Figure:
+    """Two bars: the mean counterfactual value of the boosted and of the suppressed tokens (Fig. 5)."""
+    fig = go.Figure(
+        go.Bar(
+            x=[f"boosted (Δ log π > 0, n = {n_boosted})", f"suppressed (Δ log π < 0, n = {n_suppressed})"],
+            y=[boosted, suppressed],
+            marker_color=[ADV_POS_COLOR, ADV_NEG_COLOR],
+            hovertemplate="%{x}<br>mean value: %{y:.4g}<extra></extra>",
+        )
+    )
+    fig.add_hline(y=0.0, line_color="gray")
+    fig.update_layout(
+        title={"text": "Mean counterfactual token value (eq. 20)", "font": {"size": 14}},
+        height=height,
+        margin={"l": 10, "r": 10, "t": 40, "b": 10},
+        yaxis_title="mean value",
+    )
+    return fig
+
+
+def topk_gap_curve(fractions: Sequence[float], gaps: Sequence[float], height: int = 340) -> go.Figure:
+    """The value gap (boosted − suppressed) on the top fraction of tokens by entropy (Fig. 5b)."""
+    fig = go.Figure(
+        go.Scatter(
+            x=np.asarray(fractions, dtype=float),
+            y=np.asarray(gaps, dtype=float),
+            mode="lines+markers",
+            name="value gap",
+            line={"color": PALETTE[0]},
+            hovertemplate="top %{x:.0%} by entropy<br>gap: %{y:.4g}<extra></extra>",
+        )
+    )
+    fig.add_hline(y=0.0, line_color="gray", line_dash="dash")
+    fig.update_layout(
+        title={"text": "Value gap on the top-k tokens by entropy (Fig. 5b)", "font": {"size": 14}},
+        height=height,
+        margin={"l": 10, "r": 10, "t": 40, "b": 10},
+        xaxis={"title": "fraction of tokens kept (highest entropy first)", "tickformat": ".0%"},
+        yaxis_title="boosted − suppressed mean value",
+    )
+    return fig

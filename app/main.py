@@ -17,6 +17,7 @@ PAGES = [
     st.Page(VIEWS / "transforms.py", title="Group transforms", icon=":material/transform:"),
     st.Page(VIEWS / "training_lab.py", title="Training lab", icon=":material/science:"),
     st.Page(VIEWS / "low_prob.py", title="Low-probability tokens", icon=":material/trending_down:"),
+    st.Page(VIEWS / "token_coupling.py", title="Token coupling", icon=":material/hub:"),
     st.Page(VIEWS / "runs.py", title="Runs", icon=":material/monitoring:"),
     st.Page(VIEWS / "about.py", title="About / glossary", icon=":material/menu_book:"),
 ]

@@ -1,4 +1,4 @@
-"""Page 6, About / glossary: what the project is, what each number means, where it comes from.
+"""Page 8, About / glossary: what the project is, what each number means, where it comes from.
 
 The glossaries are ``cancellation.glossary.METRIC_DOCS``, ``METER_DOCS`` (the cancellation meters the toy
 and the trainer both log) and ``toymodel.glossary.ROW_DOCS`` (the other simulator rows), each key:
@@ -156,6 +156,7 @@ on these pages is computed by those two packages.
 | Group transforms | What do DFPO's transforms do to a group's weights, and do they reach Σ Â s̃ = 0 (App. B)? |
 | Training lab | How do the objectives compare in training: reward, entropy, learning tax, residuals? GSPO vs the eq. (86) control vs DFPO tells the estimator's effect from the transform's. |
 | Low-probability tokens | Why do low-probability tokens dominate the gradient, and what does Advantage Reweighting change? |
+| Token coupling | How much does one SGD step move each token through the others (the coupling kernel, eq. 5, and its output-layer proxy, eq. 7), what does masking a token set do (Table 1's Boost Rate), and do the boosted tokens have higher value (Fig. 5)? |
 | Runs | Did the language-model runs of `scaledrun` learn, and did their shared-token gradients cancel? |
 """
 )

@@ -59,6 +59,7 @@ PAGES = [
     ("transforms", "transforms", METRIC, ("eps_high", "number")),
     ("training_lab", "training_lab", FIGURE, ("seeds", "slider")),
     ("low_prob", "low_prob", FIGURE, ("alpha", "slider")),
+    ("token_coupling", "token_coupling", FIGURE, ("lr", "slider")),
     ("runs", "runs", FIGURE, ("window", "slider")),
     ("about", "about", TITLE, None),
 ]

@@ -16,6 +16,7 @@ PAGES = [
     "transforms.py",
     "training_lab.py",
     "low_prob.py",
+    "token_coupling.py",
     "runs.py",
     "about.py",
 ]
