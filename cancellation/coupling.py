@@ -14,8 +14,8 @@ says so and gives the rebuilt form).
 - ``update_norm_split`` (eq. 11–12) and ``surviving_signal`` (eq. 13): the group update's norm and filter;
 - ``counterfactual_value`` (App. E.2, eq. 20): the Monte Carlo counterfactual token value; ``value_gap``
   (Fig. 5): the mean value of boosted minus suppressed tokens, optionally on the top-k by entropy;
-- ``per_token_scores``, ``sgd_update`` and ``sgd_step``: what a model supplies (per-token gradients, one
-  SGD step).
+- ``per_token_scores``, ``sgd_update``, ``sgd_step`` and ``repeated_sgd``: what a model supplies
+  (per-token gradients, one SGD step, several in a row on one batch).
 
 Flat tokens. The N tokens of a batch are its completion tokens flattened row-major over the completion
 mask (``x[mask.bool()]`` for a (B, T) tensor ``x``). Names used throughout:
@@ -775,6 +775,37 @@ def sgd_update(
         return [(t + lr * g if g is not None else t).detach() for t, g in zip(theta, grads, strict=True)]
 
 
+def repeated_sgd(
+    logp_of: Callable[[list[Tensor]], Tensor],
+    params: Sequence[Tensor],
+    coef_at: Callable[[int, Tensor], Tensor],
+    lr: float,
+    n_steps: int,
+) -> list[Tensor]:
+    """``n_steps`` SGD ascent steps in a row on one fixed batch (App. E.2's repeated updates, Fig. 11).
+
+    Step n (0-based) takes θ_{n+1} = ``sgd_update(logp_of, θ_n, coef_at(n, logp_n), lr)`` with logp_n =
+    ``logp_of(θ_n)`` detached: ``coef_at`` returns the (N,) coefficients of that step, e.g. always the
+    batch's (plain SGD on a fixed linear objective) or recomputed at the current policy (PPO-style
+    epochs, the ratio to the batch's old log-probs). ``params`` are never modified.
+
+    Returns:
+        the (N,) log-probs after each step, ``[logp_1, ..., logp_n_steps]`` (detached).
+    """
+    if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 1:
+        raise ValueError(f"`n_steps` must be a positive int, got {n_steps!r}")
+    theta = [p.detach().clone() for p in params]
+    out: list[Tensor] = []
+    with torch.no_grad():
+        logp = logp_of(theta).detach()
+    for n in range(n_steps):
+        theta = sgd_update(logp_of, theta, coef_at(n, logp), lr)
+        with torch.no_grad():
+            logp = logp_of(theta).detach()
+        out.append(logp)
+    return out
+
+
 def sgd_step(
     logp_of: Callable[[list[Tensor]], Tensor], params: Sequence[Tensor], lr: float
 ) -> Callable[[Tensor], Tensor]:
@@ -821,6 +852,7 @@ __all__ = [
     "output_overlap",
     "per_token_scores",
     "proxy_kernel",
+    "repeated_sgd",
     "sgd_step",
     "sgd_update",
     "surviving_signal",

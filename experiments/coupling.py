@@ -57,8 +57,8 @@ from cancellation.coupling import (
     masking_effect,
     per_token_scores,
     proxy_kernel,
+    repeated_sgd,
     sgd_step,
-    sgd_update,
     value_gap,
 )
 from cancellation.update import coefficients
@@ -745,13 +745,6 @@ def _stats(xs: Sequence[float]) -> dict[str, float]:
     return {"mean": mean, "se": se, "n": n}
 
 
-def _advance(batch: Batch, theta: Sequence[Tensor], coef: Tensor, lr: float) -> tuple[list[Tensor], Tensor]:
-    """One ``sgd_update`` from ``theta``: (θ', the (N,) log π_θ' of the batch's tokens)."""
-    new = sgd_update(batch.logp_of, theta, coef, lr)
-    with torch.no_grad():
-        return new, batch.logp_of(new).detach()
-
-
 def _subset_gaps(values: Tensor, delta: Tensor, adv_tok: Tensor) -> dict[str, ValueGap]:
     """Fig. 5(a): ``value_gap`` over every token and over the tokens of positive / negative rollouts."""
     sel = {
@@ -792,25 +785,21 @@ def seed_value_gaps(
     kw: dict[str, Any] = {} if aggregation is None else {"aggregation": aggregation}
     with torch.no_grad():
         old_bt = batch.policy.token_logp([p.detach() for p in batch.params], batch.idx)
-    theta: list[Tensor] = [p.detach().clone() for p in batch.params]
-    steps: list[ValueGap] = []
-    delta1 = torch.full_like(base, math.nan)
-    for n in range(n_steps):
-        if repeat == "recompute" and n > 0:
-            with torch.no_grad():
-                cur_bt = batch.policy.token_logp(theta, batch.idx)
-            # the GRPO surrogate at the current policy, ratio to the batch's old log-probs (clipping applies)
-            coef = coefficients(
-                objective, cur_bt, old_bt, batch.advantages, batch.mask, batch.group, with_metrics=False, **kw
-            ).coef[valid]
-        else:
-            coef = batch.coef  # on-policy (ratio 1): the first step of either mode
-        theta, logp = _advance(batch, theta, coef, lr)
-        # Fig. 11: boosted / suppressed by the cumulative Δ log π since the start policy
-        delta = logp - base
-        if n == 0:
-            delta1 = delta
-        steps.append(value_gap(values, delta))
+
+    def coef_at(n: int, logp: Tensor) -> Tensor:
+        if repeat == "fixed" or n == 0:
+            return batch.coef  # on-policy (ratio 1): the first step of either mode
+        cur_bt = torch.zeros_like(old_bt)
+        cur_bt[valid] = logp
+        # the GRPO surrogate at the current policy, ratio to the batch's old log-probs (clipping applies)
+        return coefficients(
+            objective, cur_bt, old_bt, batch.advantages, batch.mask, batch.group, with_metrics=False, **kw
+        ).coef[valid]
+
+    logps = repeated_sgd(batch.logp_of, batch.params, coef_at, lr, n_steps)
+    # Fig. 11: boosted / suppressed by the cumulative Δ log π since the start policy
+    steps = [value_gap(values, logp - base) for logp in logps]
+    delta1 = logps[0] - base
     return {
         "fig5a": _subset_gaps(values, delta1, batch.adv_tok),
         # the no-coupling control: each token moved by its own term lr·c_j·K_jj alone (K_jj > 0), so boosted

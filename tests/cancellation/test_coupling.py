@@ -26,6 +26,7 @@ from cancellation.coupling import (
     output_overlap,
     per_token_scores,
     proxy_kernel,
+    repeated_sgd,
     sgd_step,
     sgd_update,
     surviving_signal,
@@ -307,6 +308,25 @@ def test_sgd_update_returns_the_hand_written_parameters_and_chains() -> None:
     assert all(not t.requires_grad for t in two)
     for p, b in zip(ps, before, strict=True):
         assert torch.equal(p.detach(), b)
+
+
+def test_repeated_sgd_is_a_chain_of_hand_written_steps() -> None:
+    ps = _net_params(8)
+    seen: list[torch.Tensor] = []
+
+    def coef_at(n: int, logp: torch.Tensor) -> torch.Tensor:
+        seen.append(logp)
+        return COEF * (n + 1)  # a different coefficient at every step
+
+    out = repeated_sgd(_net_logp, ps, coef_at, 0.1, 3)
+    theta = [p.detach().clone() for p in ps]
+    for n in range(3):
+        # coef_at sees the log-probs at the parameters the step starts from
+        torch.testing.assert_close(seen[n], _net_logp(theta).detach(), atol=1e-13, rtol=0)
+        torch.testing.assert_close(out[n], _sgd_logp(theta, COEF * (n + 1), 0.1), atol=1e-13, rtol=0)
+        theta = sgd_update(_net_logp, theta, COEF * (n + 1), 0.1)
+    with pytest.raises(ValueError, match="`n_steps`"):
+        repeated_sgd(_net_logp, ps, coef_at, 0.1, 0)
 
 
 def test_boost_stats_by_hand() -> None:
