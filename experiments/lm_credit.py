@@ -1089,15 +1089,18 @@ def findings(result: dict[str, Any]) -> list[str]:
         )
     e = [r["gap"] for r in result["fig11"]]
     if all(x is not None for x in e) and len(e) > 1:
-        mono = _nondecreasing(e)
+        se = result["fig11"][0].get("se")
+        rise = e[-1] - e[0]
+        if se is not None and abs(rise) < se:
+            verdict = f"flat: it changes by {_f(rise, 3, True)}, less than one SE ({_f(se, 3)}); the paper reports it growing"
+        elif _nondecreasing(e) and rise > 0:
+            verdict = "growing, as the paper reports"
+        else:
+            verdict = "not growing; the paper reports growth"
         out.append(
             f"Fig. 11: the gap over {len(e)} steps runs "
             + ", ".join(_f(x, 3, True) for x in e)
-            + (
-                " (non-decreasing, as the paper reports)."
-                if mono
-                else " (not monotone; the paper reports growth)."
-            )
+            + f" ({verdict})."
         )
     f6 = result["fig6"]
     for axis in ("group_size", "num_prompts"):

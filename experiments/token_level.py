@@ -42,8 +42,14 @@ COMMANDS = {
 PARTS = tuple(COMMANDS)
 
 
+REPO = Path(__file__).resolve().parents[1]
+
+
 def _clean(x: Any) -> Any:
-    """JSON-safe: tensors to lists/floats, tuples to lists, NaN kept (json writes NaN)."""
+    """JSON-safe: tensors to lists/floats, tuples to lists, NaN kept (json writes NaN), paths inside the
+    repository relative to it (so the saved results read the same on every clone)."""
+    if isinstance(x, str) and x.startswith(str(REPO) + "/"):
+        return x[len(str(REPO)) + 1 :]
     if isinstance(x, torch.Tensor):
         return x.tolist()
     if isinstance(x, Mapping):
@@ -159,6 +165,11 @@ def run_token_level(
     return result
 
 
+def _demote(md: str, levels: int = 1) -> str:
+    """``md`` with every heading ``levels`` deeper (a module's own section nested in this one)."""
+    return "\n".join("#" * levels + line if line.startswith("#") else line for line in md.splitlines())
+
+
 def load(out: str | Path) -> dict[str, Any] | None:
     """The saved token-level results in the results folder ``out``, or None."""
     path = Path(out) / RESULT_FILE
@@ -214,20 +225,18 @@ def markdown(result: Mapping[str, Any]) -> str:
     if "lm_table1" in result:
         from .coupling_lm import markdown_lm_table1
 
-        parts.append("### Table 1 on the tiny Qwen3, tied and untied head\n")
-        parts.append(markdown_lm_table1(result["lm_table1"]) + "\n")
+        parts.append(_demote(markdown_lm_table1(result["lm_table1"])) + "\n")
     if "lm_credit" in result:
         from .lm_credit import markdown_lm_credit
 
-        parts.append("### Cancellation as filter and counterfactual value on the tiny Qwen3\n")
-        parts.append(markdown_lm_credit(result["lm_credit"]) + "\n")
+        parts.append(_demote(markdown_lm_credit(result["lm_credit"])) + "\n")
     cmds = sorted({COMMANDS[p] for p in PARTS if p in result})
     total = sum(float(v) for v in secs.values())
     parts.append(
         f"_Produced by `python -m experiments --only coupling` ({result.get('mode', 'full')} mode, "
         f"{total / 60:.1f} min); each part alone: {', '.join(f'`{c}`' for c in cmds)}._\n"
     )
-    return "\n".join(parts)
+    return "\n".join(parts).replace(str(REPO) + "/", "")
 
 
 __all__ = ["COMMANDS", "PARTS", "RESULT_FILE", "load", "markdown", "run_token_level", "toy_table1"]

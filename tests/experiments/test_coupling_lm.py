@@ -47,7 +47,6 @@ from experiments.coupling_lm import (
 )
 from scaledrun.rewards import REWARDS, register_reward
 from scaledrun.rollout import completion_logprobs, position_ids_from_mask
-from scaledrun.tiny import build_tiny
 
 from ..conftest import SEED
 
@@ -72,11 +71,8 @@ BATCH = {
 
 
 @pytest.fixture(scope="module")
-def tiny_path(tmp_path_factory):
-    return build_tiny(
-        tmp_path_factory.mktemp("coupling_lm") / "model", "template_decoy", seed=SEED, warm_start_steps=30,
-        num_eval=2,
-    )  # fmt: skip
+def tiny_path(decoy_model):
+    return decoy_model
 
 
 @pytest.fixture(scope="module")

@@ -39,7 +39,6 @@ from experiments.lm_credit import (
 from scaledrun.backends import Sampling, stop_token_ids
 from scaledrun.rewards import REWARDS, register_reward
 from scaledrun.rollout import first_eos_mask, position_ids_from_mask
-from scaledrun.tiny import build_tiny
 
 from ..conftest import SEED
 
@@ -67,14 +66,8 @@ if MARKER_REWARD not in REWARDS:
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return build_tiny(
-        tmp_path_factory.mktemp("lm_credit") / "model",
-        "template_decoy",
-        seed=SEED,
-        warm_start_steps=40,
-        num_eval=4,
-    )
+def folder(decoy_model):
+    return decoy_model
 
 
 @pytest.fixture(scope="module")
