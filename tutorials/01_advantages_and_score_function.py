@@ -33,11 +33,15 @@
 import plotly.graph_objects as go
 import plotly.io as pio
 import torch
-from exercise_check import check, expect_close  # the exercises' check cells (next to this file)
+from exercise_check import check, ensure, expect_close, reject, switched_off  # the exercises' checks
+from show import fmt, table  # aligned tables of the numbers the cells compute
 
-from cancellation import aggregate, compute_loss, group_advantages  # noqa: F401 (aggregate: exercise 1.1)
+from cancellation import compute_loss, group_advantages
 from cancellation.diagnostics import shared_residual, softmax_grad_norm, token_coefficients
+from cancellation.glossary import METER_DOCS
+from cancellation.update import CancellationMeter
 from toymodel import get_scenario
+from toymodel.glossary import ROW_DOCS
 
 pio.renderers.default = "plotly_mimetype+notebook_connected"  # JupyterLab, VS Code and classic Jupyter
 torch.set_num_threads(1)  # the toy's tensors are tiny: one thread is fastest
@@ -49,7 +53,8 @@ f64 = torch.float64
 #
 # GRPO's advantage (DFPO eq. 43) standardises each reward within its group:
 #
-# $$\hat A_i = \frac{r_i - \operatorname{mean}_j r_j}{\operatorname{std}_j r_j + \epsilon}.$$
+# $$\hat A_i = \frac{r_i - \operatorname{mean}_j r_j}{\operatorname{std}_j r_j + \epsilon}
+# \qquad\text{(1.1)}$$
 #
 # `group_advantages(rewards, group)` computes it for a flat batch in which `group[i]` is the prompt
 # id of completion $i$ (the project's data layout, see the README). Here is one group of eight
@@ -60,11 +65,12 @@ rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0], dtype=f64)
 group = torch.zeros(8, dtype=torch.long)
 adv = group_advantages(rewards, group)
 print("Â      =", adv)
-print("Σ Â    =", float(adv.sum()))
+print("Σ Â    =", fmt(adv.sum()))
 
 # %% [markdown]
-# Correct completions get $\hat A > 0$, wrong ones $\hat A < 0$, and the advantages **sum to zero**:
-# that is what subtracting the group mean does, whatever the scaling. The toy problems of the
+# Correct completions get $\hat A > 0$, wrong ones $\hat A < 0$, and the advantages **sum to zero**
+# (the printed 2.2e-16 is float rounding): that is what subtracting the group mean does, whatever the
+# scaling. The toy problems of the
 # paper's Appendix A use the unscaled version $\hat A_i = r_i - \operatorname{mean}_j r_j$ (eq. 29),
 # `scale="none"`:
 
@@ -79,9 +85,32 @@ print("eq. 29 (no std):", group_advantages(rewards, group, scale="none"))
 rewards2 = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0], dtype=f64)
 group2 = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2])
 adv2 = group_advantages(rewards2, group2)
-for g in range(3):
-    print(f"group {g}: rewards {rewards2[group2 == g].tolist()} -> Â {adv2[group2 == g].tolist()}")
-    print(f"         Σ Â = {float(adv2[group2 == g].sum()):+.1e}")
+rows = [
+    {
+        "group": g,
+        "rewards": " ".join(fmt(x) for x in rewards2[group2 == g]),
+        "Â": " ".join(fmt(x) for x in adv2[group2 == g]),
+        "Σ Â": adv2[group2 == g].sum(),
+    }
+    for g in range(3)
+]
+table(rows)
+
+# %% [markdown]
+# Real batches also hold rows that must not be trained on (a completion cut off at the length limit,
+# say). `group_advantages(..., valid=...)` leaves such a row out of its group's mean and std and gives
+# it $\hat A = 0$, so the rows that are trained on still sum to zero in every group. A group left with
+# a single valid row has nothing to compare it with and gets 0. (Exercise 1.1 asks you to write this.)
+
+# %%
+valid2 = torch.tensor([True, True, True, False, True, True, True, True, True, False, False, False])
+adv2v = group_advantages(rewards2, group2, valid=valid2)
+table(
+    [
+        {"row": i, "group": int(group2[i]), "reward": rewards2[i], "valid": bool(valid2[i]), "Â": adv2v[i]}
+        for i in range(12)
+    ]
+)
 
 # %% [markdown]
 # ## 2. The policy and the score of one token
@@ -97,13 +126,25 @@ sc = get_scenario("shared_prefix")
 policy = sc.policy()
 logits = sc.initial_logits()  # (C, K): one logit vector per context, −inf in unused slots
 print(sc.description, "\n")
-for row in policy.context_table(logits):
-    print(f"  π({row['token']!r:9} | {' '.join(row['context']) or '<start>':12}) = {row['prob']:.2f}")
+table(
+    [
+        {
+            "context": " ".join(row["context"]) or "<start>",
+            "token": row["token"],
+            "π(token | context)": row["prob"],
+        }
+        for row in policy.context_table(logits)
+    ]
+)
 
 # %% [markdown]
 # The **score** of token $a$ at context $h$ is $\nabla_\theta \log \pi_\theta(a \mid h)$. For a softmax
-# over logits $z_h$ it is $e_a - \pi(\cdot \mid h)$ on that context's logits and zero everywhere else.
-# Autograd through `TabularPolicy.token_logp` shows it for the token "20" after "answer is":
+# over logits $z_h$ it is
+#
+# $$\nabla_{z_h}\log\pi(a \mid h) = e_a - \pi(\cdot \mid h) \qquad\text{(1.2)}$$
+#
+# on that context's logits and zero everywhere else. Autograd through `TabularPolicy.token_logp`
+# shows it for the token "20" after "answer is":
 
 # %%
 tau = torch.tensor([policy.trajectory_index(("answer", "is", "20"))])
@@ -122,8 +163,8 @@ print("rows of the gradient that are non-zero:   ", torch.nonzero(z.grad.abs().s
 
 # %%
 probs_h = policy.probs_table(logits)[h][None, :]
-print("‖e_20 − π‖ =", float(softmax_grad_norm(probs_h, torch.tensor([1]))))
-print("autograd   =", float(z.grad[h].norm()))
+print("‖e_20 − π‖ =", fmt(softmax_grad_norm(probs_h, torch.tensor([1])), 6))
+print("autograd   =", fmt(z.grad[h].norm(), 6))
 
 # %% [markdown]
 # ## 3. The policy gradient of a group
@@ -134,12 +175,13 @@ print("autograd   =", float(z.grad[h].norm()))
 # $$\mathcal J(\theta) = \frac{1}{N}\sum_{i=1}^{G}\sum_{t=1}^{T_i} \omega_{i,t}(\theta)\,\hat A_i,
 # \qquad \omega_{i,t} = \frac{\pi_\theta(a_t^{(i)} \mid h_t^{(i)})}
 #   {\pi_{\theta_\text{old}}(a_t^{(i)} \mid h_t^{(i)})}
-# \;\text{(clipped)},$$
+# \;\text{(clipped)}. \qquad\text{(1.3)}$$
 #
 # Its gradient is one scalar per token times that token's score (eq. 70):
 #
 # $$\nabla_\theta \mathcal J = \sum_{i,t} c_{i,t}\,\nabla_\theta \log\pi_\theta(a_t^{(i)} \mid h_t^{(i)}),
-# \qquad c_{i,t} = \frac{\partial \mathcal J}{\partial \log\pi_\theta(a_t^{(i)} \mid h_t^{(i)})}.$$
+# \qquad c_{i,t} = \frac{\partial \mathcal J}{\partial \log\pi_\theta(a_t^{(i)} \mid h_t^{(i)})}.
+# \qquad\text{(1.4)}$$
 #
 # `token_coefficients` gets every $c_{i,t}$ by autograd through the real loss (`compute_loss`). We
 # sample a group of 8 from the policy and look at the first update, where $\theta = \theta_\text{old}$
@@ -156,15 +198,24 @@ logp = policy.token_logp(logits, idx)  # (8, 3) log π of each sampled token
 old_logp = logp.detach()  # on-policy: θ_old = θ
 loss, metrics = compute_loss("grpo", logp, old_logp, a_hat, mask, grp)
 coef = token_coefficients("grpo", logp, old_logp, a_hat, mask, grp)
-print(f"loss = {float(loss):+.4f}   ratio/mean = {metrics['ratio/mean']:.3f}\n")
-print(f"{'completion':16} {'R':>3} {'Â':>7} | coefficients c_(i,t)")
-for i in range(8):
-    cs = "  ".join(f"{float(c):+.4f}" for c in coef[i])
-    print(f"{policy.text(int(idx[i])):16} {float(r[i]):3.0f} {float(a_hat[i]):+7.3f} | {cs}")
+print(f"loss = {fmt(loss)}   ratio/mean = {fmt(metrics['ratio/mean'])}")
+
+# %%
+table(
+    [
+        {
+            "completion": policy.text(int(idx[i])),
+            "R": r[i],
+            "Â": a_hat[i],
+            **{f"c_(i,{t + 1})": coef[i, t] for t in range(3)},
+        }
+        for i in range(8)
+    ]
+)
 
 # %% [markdown]
 # At ratio 1 every token of completion $i$ gets $c_{i,t} = \hat A_i / N$ ($N = 24$ tokens here): the
-# whole completion is pushed up or down with its advantage. (The loss value is 0: at ratio 1 it is
+# whole completion is pushed up or down with its advantage. (The loss value is 0 up to float rounding: at ratio 1 it is
 # $-\frac1N\sum_{i,t}\hat A_i$, and the advantages sum to zero over completions of equal length. Only
 # its gradient matters.)
 #
@@ -173,13 +224,32 @@ for i in range(8):
 # Two tokens with the same context and the same value have the **same** score direction
 # $g^\star = \nabla_\theta\log\pi(a^\star \mid h^\star)$. Their contributions to the update add into one
 # vector $g^\star \cdot \sum c_{i,t}$ (eq. 72). Intra-group cancellation (eq. 2) means that sum is 0.
-# For GRPO it follows from $\sum_i \hat A_i = 0$ whenever every completion of the group contains the
-# token with the same ratio $\rho$ (eq. 9):
+# For GRPO's token-mean it follows from $\sum_i \hat A_i = 0$ whenever every completion of the group
+# contains the token with the same ratio $\rho$ (eq. 9, with this notebook's $1/N$):
 #
-# $$\frac{1}{G}\big(\hat A_1 \rho + \hat A_2 \rho + \dots\big)\nabla_\theta\log\pi(a^\star \mid h^\star)
-# = \frac{\rho}{G}\Big(\sum_i \hat A_i\Big)\nabla_\theta\log\pi(a^\star \mid h^\star) = 0.$$
+# $$\frac{1}{N}\big(\hat A_1 \rho + \hat A_2 \rho + \dots\big)\nabla_\theta\log\pi(a^\star \mid h^\star)
+# = \frac{\rho}{N}\Big(\sum_i \hat A_i\Big)\nabla_\theta\log\pi(a^\star \mid h^\star) = 0. \qquad\text{(1.5)}$$
 #
-# A hand-made group in which every completion starts with "answer is" makes this visible.
+# > **Words this series uses.** An **event** is one (group, context, token) pair: the tokens of an
+# > event have the same score direction, so their coefficients add (eq. 72). A **whole-group event** is
+# > an event that every completion of its group contains (Prop. 3.1's $E_{t^\star}$): there
+# > $\sum_i \hat A_i = 0$ applies. The three **residuals** measure what is left of the coefficients
+# > after adding them up; the **template KL** is the learning tax. Their definitions, as the app's
+# > glossary (About page) words them, are printed below. An objective is **exchangeable** when it
+# > treats the completions of a group alike (the same weight function of the same ratio for every
+# > completion), so a whole-group event's coefficients are the same multiple of each $\hat A_i$ and
+# > add up to 0.
+
+# %%
+glossary = {
+    key: METER_DOCS[key] for key in ("shared_residual", "group_shared_residual", "sequence_net_residual")
+}
+glossary["template_kl"] = ROW_DOCS["template_kl"]
+for key, (meaning, equation) in glossary.items():
+    print(f"{key}  ({equation})\n    {meaning}\n")
+
+# %% [markdown]
+# A hand-made group in which every completion starts with "answer is" makes eq. (1.5) visible.
 # `shared_residual` sums the coefficients per event (`policy.event_keys`: one id per
 # context-token pair):
 
@@ -193,18 +263,43 @@ coef4 = token_coefficients("grpo", logp4, logp4.detach(), adv4, policy.mask[idx4
 res4 = shared_residual(coef4, policy.event_keys[idx4], policy.mask[idx4])
 print("Â =", adv4)
 print("coefficients (rows: completions, columns: t = 1, 2, 3):\n", coef4)
-print("\nper event: count, net Σc, gross Σ|c|")
-for key, n, net, gross in zip(res4.keys, res4.count, res4.net, res4.gross, strict=True):
-    c, k = divmod(int(key), policy.K)
-    ctx = " ".join(policy.context_keys[c]) or "<start>"
-    print(f"  ({ctx!r:13}, {policy.actions[c][k]!r:8})  {int(n)}  {float(net):+.4f}  {float(gross):.4f}")
-print("\nshared residual Σ|net| / Σ gross over shared events:", res4.total)
+
+
+# %%
+def event_rows(res):
+    """One row per event of a `shared_residual` result: its context, token, count, net and gross."""
+    rows = []
+    for key, n, net, gross in zip(res.keys, res.count, res.net, res.gross, strict=True):
+        c, k = divmod(int(key), policy.K)
+        rows.append(
+            {
+                "context": " ".join(policy.context_keys[c]) or "<start>",
+                "token": policy.actions[c][k],
+                "count": int(n),
+                "net Σc": net,
+                "gross Σ|c|": gross,
+            }
+        )
+    return rows
+
+
+table(event_rows(res4))
 
 # %% [markdown]
 # "answer" and "is" are shared by all four completions: their net coefficient is exactly 0. The last
 # token "20" is shared by the two correct completions only, and their coefficients add up (both
 # positive): that is the **credit** the reward assigns to "20", not a failure of cancellation.
 #
+# The three residuals say the same: `CancellationMeter` (what the toy and the trainer log) gives 0 on
+# the whole-group events ("answer", "is") and for the completions' sums, while the shared residual,
+# which also counts the two-completion event "20", is not 0: it is 20's credit, not a leak.
+
+# %%
+meter = CancellationMeter(policy.event_keys[idx4], policy.mask[idx4], grp4)
+meter.add(coef4)
+table([{"residual": k, "value": v} for k, v in meter.totals.residuals().items()])
+
+# %% [markdown]
 # The same statement on the parameters: the gradient of the loss with respect to the logits of the
 # shared contexts is exactly zero, so one SGD step leaves $\pi(\text{answer})$ and
 # $\pi(\text{is} \mid \text{answer})$ unchanged.
@@ -231,14 +326,34 @@ for key in [(), ("answer",), ("answer", "is")]:
 # %%
 raw = policy.rewards[idx4]  # no baseline: Σ weights = 2
 coef_raw = token_coefficients("grpo", logp4, logp4.detach(), raw, policy.mask[idx4], grp4)
-res_raw = shared_residual(coef_raw, policy.event_keys[idx4], policy.mask[idx4])
-print("weights:", raw.tolist(), " Σ =", float(raw.sum()))
-print("net coefficient of 'answer', 'is':", coef_raw[:, 0].sum().item(), coef_raw[:, 1].sum().item())
-print("shared residual:", res_raw.total)
+meter_raw = CancellationMeter(policy.event_keys[idx4], policy.mask[idx4], grp4)
+meter_raw.add(coef_raw)
+print("weights:", raw.tolist(), " Σ =", fmt(raw.sum()))
+table(
+    [
+        {
+            "weights": "Â (group-relative)",
+            "net c(answer)": coef4[:, 0].sum(),
+            "net c(is)": coef4[:, 1].sum(),
+            "group-shared residual": meter.totals.residuals()["group_shared_residual"],
+        },
+        {
+            "weights": "raw reward",
+            "net c(answer)": coef_raw[:, 0].sum(),
+            "net c(is)": coef_raw[:, 1].sum(),
+            "group-shared residual": meter_raw.totals.residuals()["group_shared_residual"],
+        },
+    ]
+)
 
+# %%
 fig = go.Figure(
     [
-        go.Bar(name="Â (group-relative)", x=["answer", "is"], y=[float(coef4[:, t].sum()) for t in (0, 1)]),
+        go.Bar(
+            name="Â (group-relative): exactly 0",
+            x=["answer", "is"],
+            y=[float(coef4[:, t].sum()) for t in (0, 1)],
+        ),
         go.Bar(name="raw reward", x=["answer", "is"], y=[float(coef_raw[:, t].sum()) for t in (0, 1)]),
     ]
 )
@@ -254,51 +369,122 @@ fig.show()
 # ## Exercises
 #
 # Write the body of each `my_*` function (until you do, it raises `NotImplementedError`), run its
-# cell, then run the check cell below it: it prints ✓ or says what is missing or wrong. A worked
-# solution is in `tutorials/solutions/01_advantages_and_score_function.py`; try first.
+# cell, then run the check cell below it: it prints ✓ or says what is missing or wrong. The checks
+# compare with numbers worked out by hand (written into the check cell), not with the library call
+# that would hand the answer over. A worked solution is in
+# `tutorials/solutions/01_advantages_and_score_function.py`; try first.
 #
-# **Exercise 1.1 — predict the coefficients.** At $\theta = \theta_\text{old}$ every ratio is 1, so
-# GRPO's token-mean objective has the same gradient as the plain policy-gradient surrogate
-# $\frac1N\sum_{i,t}\hat A_i \log\pi_\theta(a^{(i)}_t \mid h^{(i)}_t)$. Write `my_coefficients`
-# returning the $(B, T)$ tensor $\partial\mathcal J/\partial\log\pi$ of that surrogate. The check
-# compares it with GRPO's coefficients from `token_coefficients`.
-#
-# *Hint:* autograd through `aggregate(adv[:, None] * leaf, mask, "token-mean")` on a leaf copy of
-# `logp`, or the closed form you can read off the token-mean.
+# **Exercise 1.1 — masked group advantages.** Write eq. (1.1) yourself: `my_group_advantages(rewards,
+# group, valid)` returns the $(B,)$ tensor $\hat A$ for a batch whose groups have different sizes and
+# appear in any order, where only the rows with `valid` True enter their group's mean and std
+# (Bessel-corrected, as `torch.std`; $\epsilon = 10^{-6}$). A row that is not valid gets $\hat A = 0$, and
+# so does every row of a group with fewer than two valid rows. `group_advantages` is switched off
+# during the check.
 
 
 # %%
-def my_coefficients(adv: torch.Tensor, logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """(B, T) ∂J/∂logp of J = token-mean of Â_i·logp_(i,t), 0 on padding."""
+def my_group_advantages(rewards: torch.Tensor, group: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """(B,) Â: (r − mean) / (std + 1e-6) over each group's valid rows; 0 for invalid rows and groups of < 2."""
     raise NotImplementedError("Exercise 1.1: replace this line with your code")
 
 
 # %%
 with check("1.1"):
-    got = my_coefficients(a_hat, logp, mask)
-    expected = token_coefficients("grpo", logp, old_logp, a_hat, mask, grp)
-    expect_close(got, expected, "∂J/∂logp of every token")
+    ex_rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0], dtype=f64)
+    ex_group = torch.tensor([0, 1, 0, 2, 0, 1, 0, 2, 1, 0])  # sizes 5, 3, 2, interleaved
+    ex_valid = torch.tensor([True] * 7 + [False, True, False])
+    with switched_off(globals(), "group_advantages"):
+        got = my_group_advantages(ex_rewards, ex_group, ex_valid)
+    # by hand: group 0's valid rewards 1,0,0,1: mean 1/2, std √(1/3), Â = ±(1/2)/√(1/3) = ±0.866025;
+    # group 1: 0,1,1: mean 2/3, std √(1/3), Â = −1.154701, 0.577350, 0.577350; group 2: one valid row
+    by_hand = torch.tensor([0.866025, -1.154701, -0.866025, 0, -0.866025, 0.577350, 0.866025, 0, 0.577350, 0], dtype=f64)  # fmt: skip
+    # the valid rows' Â had every row been counted, and with the population std
+    all_rows = torch.tensor([0.730297, -1.154701, -1.095445, 0.707107, -1.095445, 0.577350, 0.730297, 0.577350], dtype=f64)  # fmt: skip
+    population = torch.tensor([1.0, -1.414214, -1.0, 0, -1.0, 0.707107, 1.0, 0.707107], dtype=f64)
+    if isinstance(got, torch.Tensor) and got.shape == ex_valid.shape:
+        reject(got[ex_valid], all_rows, "Â: the rows with valid = False took part in their group's mean and std; leave them out (and give them Â = 0)")  # fmt: skip
+        reject(got[ex_valid], population, "Â: you divided by the population std (1/n); GRPO uses torch.std's Bessel-corrected one (1/(n − 1))")  # fmt: skip
+        ensure(bool(torch.isfinite(got).all()), f"Â has NaN or inf: {got}. A group with one valid row has no std (n − 1 = 0): it carries no contrast, give it Â = 0")  # fmt: skip
+    expect_close(got, by_hand, "Â of every row", rtol=1e-5, atol=1e-6)
 
 # %% [markdown]
-# **Exercise 1.2 — which events cancel?** For the sampled group of section 3, compute for every
-# event (context-token pair, `policy.event_keys[idx]`) the sum of the advantages of the tokens in
-# it, $\sum_{(i,t) \in S}\hat A_i$, divided by the number of tokens $N$. Return one value per event,
-# in the order of `shared_residual(...).keys` (sorted event ids). The check compares your numbers
-# with the net coefficients of GRPO's actual gradient: an event cancels exactly when its tokens'
-# advantages sum to zero.
-#
-# *Hint:* `torch.unique(keys[mask.bool()], return_inverse=True)` and `index_add_`.
+# **Exercise 1.2 — the coefficients at ratio 1, in closed form.** At $\theta = \theta_\text{old}$ every
+# ratio is 1, so eq. (1.3) has the gradient of the surrogate $\sum_{i,t}\hat A_i\log\pi_\theta(a^{(i)}_t \mid
+# h^{(i)}_t)$ divided by the aggregation's normaliser. Write `my_coefficients(adv, mask, aggregation)`
+# returning the $(B, T)$ tensor $c_{i,t}$ of eq. (1.4) for two aggregations (the `aggregate` modes of
+# `cancellation.aggregation`): `"token-mean"` (divide by the number $N$ of real tokens) and
+# `"seq-mean-token-mean"` (each completion's mean over its own $T_i$ tokens, then the mean over the
+# $G$ completions). Padding (mask 0) is not in the loss. The check's group has unequal lengths and
+# padding; `token_coefficients` and `compute_loss` are switched off during it.
 
 
 # %%
-def my_event_advantage_sums(adv: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """(E,) Σ Â over each event's tokens / N, events sorted by id."""
+def my_coefficients(adv: torch.Tensor, mask: torch.Tensor, aggregation: str) -> torch.Tensor:
+    """(B, T) ∂J/∂logp at ratio 1 for "token-mean" or "seq-mean-token-mean", 0 on padding."""
     raise NotImplementedError("Exercise 1.2: replace this line with your code")
 
 
 # %%
 with check("1.2"):
-    keys = policy.event_keys[idx]
-    got = my_event_advantage_sums(a_hat, keys, mask)
-    expected = shared_residual(coef, keys, mask).net
-    expect_close(got, expected, "Σ Â / N of every event")
+    with switched_off(globals(), "token_coefficients", "compute_loss"):
+        ex_adv = torch.tensor([1.0, -0.5, -0.5], dtype=f64)
+        ex_mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]], dtype=f64)  # T_i = 4, 2, 3; N = 9
+        n9, g3 = 1 / 9, 1 / 3
+        token_mean = torch.tensor([[n9] * 4, [-n9 / 2] * 2 + [0, 0], [-n9 / 2] * 3 + [0]], dtype=f64)
+        seq_mean = torch.tensor([[g3 / 4] * 4, [-g3 / 4] * 2 + [0, 0], [-g3 / 6] * 3 + [0]], dtype=f64)
+        for mode, by_hand, other in [
+            ("token-mean", token_mean, seq_mean),
+            ("seq-mean-token-mean", seq_mean, token_mean),
+        ]:
+            got = my_coefficients(ex_adv, ex_mask, mode)
+            ensure(
+                not isinstance(got, torch.Tensor)
+                or got.shape != ex_mask.shape
+                or bool((got[ex_mask == 0] == 0).all()),
+                f"{mode}: your coefficients are not 0 on padding (mask = 0): {got}. Padding is not in the loss: multiply by the mask",
+            )
+            reject(
+                got,
+                other,
+                f"{mode}: these are the other aggregation's coefficients ({'Â_i/(G·T_i)' if mode == 'token-mean' else 'Â_i/N'})",
+            )
+            expect_close(got, by_hand, "∂J/∂logp of every token", at=f"for {mode}")
+
+# %% [markdown]
+# **Exercise 1.3 — which events cancel?** Under token-mean at ratio 1 an event $S$'s net coefficient is
+# $\frac1N\sum_{(i,t)\in S}\hat A_i$ (eq. 72 with exercise 1.2's $c_{i,t}$). Write
+# `my_event_nets(adv, keys, mask)` returning it for every event that has a real token (mask 1), in the
+# order of the sorted event ids (`keys[i, t]` is the event of token $(i, t)$; padding carries a key
+# too, which means nothing). An event cancels exactly when its tokens' advantages sum to zero.
+#
+# *Hint:* `torch.unique(keys[mask.bool()], return_inverse=True)` and `index_add_`.
+
+
+# %%
+def my_event_nets(adv: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(E,) Σ Â over each event's real tokens / N, events sorted by id."""
+    raise NotImplementedError("Exercise 1.3: replace this line with your code")
+
+
+# %%
+with check("1.3"):
+    ex_adv = torch.tensor([1.0, -0.5, -0.5], dtype=f64)
+    ex_mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]], dtype=f64)
+    ex_keys = torch.tensor([[10, 11, 12, 13], [10, 11, 12, 12], [10, 14, 15, 13]])  # padding keys: 12, 12, 13
+    got = my_event_nets(ex_adv, ex_keys, ex_mask)
+    # events 10..15; by hand: 10 (all three) (1 − 1/2 − 1/2)/9 = 0, 11 (rows 0, 1) (1/2)/9, 12 and 13 (row 0)
+    # 1/9, 14 and 15 (row 2) −(1/2)/9
+    n9 = 1 / 9
+    by_hand = torch.tensor([0.0, n9 / 2, n9, n9, -n9 / 2, -n9 / 2], dtype=f64)
+    with_padding = torch.tensor([0.0, n9 / 2, 0.0, n9 / 2, -n9 / 2, -n9 / 2], dtype=f64)
+    reject(
+        got,
+        with_padding,
+        "the nets of events 12 and 13 count the padding positions that carry their keys: keep only mask = 1",
+    )
+    reject(
+        got,
+        with_padding * 9 / 12,
+        "the nets count the padding positions (and divide by B·T = 12, not N = 9): keep only mask = 1",
+    )
+    expect_close(got, by_hand, "Σ Â / N of every event (ids 10–15)")

@@ -28,8 +28,10 @@
 import plotly.graph_objects as go
 import plotly.io as pio
 import torch
-from exercise_check import check, expect_close, number  # the exercises' check cells (next to this file)
+from exercise_check import check, expect_close, reject  # the exercises' check cells (next to this file)
+from show import table  # aligned tables of the numbers the cells compute
 
+from app.figures import SYMBOLS, color  # the app's palette and marker symbols
 from cancellation import compute_loss
 from cancellation.diagnostics import token_coefficients
 from cancellation.objectives import sequence_log_ratio
@@ -143,41 +145,59 @@ variants = {
     "DFPO min": ("dfpo", {"transform": "min_replace"}),
     "DFPO orth": ("dfpo", {"transform": "orth_proj"}),
 }
-print(f"{'ρ1, ρ2, λ1, λ2':22}" + "".join(f"{name:>22}" for name in variants))
-print(f"{'':22}" + "".join(f"{'autograd / paper':>22}" for _ in variants))
+rows = []
 for setting in settings:
-    cells = []
-    for objective, params in variants.values():
+    for name, (objective, params) in variants.items():
         net = shared_prefix_net(objective, *setting, **params, **NO_CLIP)[0]
         paper = theory.shared_prefix_closed_form(objective, *setting, **params, **NO_CLIP).value
         assert abs(net - paper) < 1e-12
-        cells.append(f"{net:+.4f} / {paper:+.4f}")
-    print(f"{setting!s:22}" + "".join(f"{c:>22}" for c in cells))
+        rows.append({"ρ1, ρ2, λ1, λ2": setting, "objective": name, "autograd": net, "paper": paper})
+table(rows)
 
 # %% [markdown]
 # Autograd and the closed form agree to machine precision (the `assert` in the cell checks it; a
-# "−0.0000" is a rounding error of order 1e-17). A
-# picture of eq. (38): fix $\rho_1, \rho_2, \lambda_1$ and move $\lambda_2$. The sequence-coupled
-# objectives leave a coefficient proportional to $\lambda_2 - \lambda_1$ on the shared prefix;
-# GRPO and DFPO stay at 0.
+# value like 1e-17 is float rounding). A picture of eq. (38): fix $\rho_1, \rho_2, \lambda_1$ and
+# move $\lambda_2$. The sequence-coupled objectives leave a coefficient proportional to
+# $\lambda_2 - \lambda_1$ on the shared prefix; GRPO and DFPO stay at 0. Three series lie on top of
+# each other at 0, so each has its own marker (the largest drawn first) and the legend says which
+# ones are 0 on the whole grid (to float rounding, below 1e-12).
 
 # %%
 lam2_grid = [0.2 + 0.05 * k for k in range(37)]  # up to 2.0: keeps 0.3·(λ1 + λ2) < 1
+nets = {
+    name: [shared_prefix_net(objective, rho1, rho2, lam1, l2, **params, **NO_CLIP)[0] for l2 in lam2_grid]
+    for name, (objective, params) in variants.items()
+}
 fig = go.Figure()
-for name, (objective, params) in variants.items():
-    nets = [shared_prefix_net(objective, rho1, rho2, lam1, l2, **params, **NO_CLIP)[0] for l2 in lam2_grid]
-    fig.add_scatter(x=lam2_grid, y=nets, mode="markers", name=f"{name} (autograd)")
+for i, (name, ys) in enumerate(nets.items()):
+    zero = max(abs(y) for y in ys) < 1e-12  # 0 up to float rounding on the whole grid
+    fig.add_scatter(
+        x=lam2_grid,
+        y=ys,
+        mode="markers",
+        name=f"{name} (autograd)" + (": 0 (to rounding)" if zero else ""),
+        marker={
+            "color": color(i),
+            "symbol": SYMBOLS[i],
+            "size": 16 - 2 * i,
+            "line": {"width": 2, "color": color(i)},
+        },
+    )
+
+# %%
 fig.add_scatter(
     x=lam2_grid,
     y=[theory.eq38_coefficient(rho1, rho2, lam1, l2) for l2 in lam2_grid],
     mode="lines",
-    name="eq. (38)/G",
+    line={"color": color(1)},
+    name="eq. (38)/G (GSPO s=Πr, closed form)",
 )
 fig.add_scatter(
     x=lam2_grid,
     y=[theory.eq38_gspo_coefficient(rho1, rho2, lam1, l2) for l2 in lam2_grid],
     mode="lines",
-    name="(A/(G·T))(s2 − s1)",
+    line={"color": color(2)},
+    name="(A/(G·T))(s2 − s1) (GSPO, closed form)",
 )
 fig.add_vline(x=lam1, line_dash="dot", annotation_text="λ2 = λ1")
 fig.update_layout(
@@ -212,13 +232,14 @@ def root_kl_after_one_step(objective: str, eta: float, **params) -> float:
     return float(policy.context_kl(theta - eta * grad, theta)[root])
 
 
+rows = []
 for name, (objective, params) in variants.items():
-    kl1, kl2 = (
-        root_kl_after_one_step(objective, 0.1, **params),
-        root_kl_after_one_step(objective, 0.2, **params),
+    kl1 = root_kl_after_one_step(objective, 0.1, **params)
+    kl2 = root_kl_after_one_step(objective, 0.2, **params)
+    rows.append(
+        {"objective": name, "KL, η = 0.1": kl1, "KL, η = 0.2": kl2, "ratio": kl2 / kl1 if kl1 > 0 else "—"}
     )
-    ratio = f"{kl2 / kl1:.3f}" if kl1 > 0 else "  —  "
-    print(f"{name:10}  KL at <start> after η=0.1: {kl1:.3e}   η=0.2: {kl2:.3e}   ratio {ratio}")
+table(rows)
 
 # %% [markdown]
 # GRPO and DFPO leave the root distribution exactly where it was; the sequence-coupled objectives
@@ -232,43 +253,81 @@ for name, (objective, params) in variants.items():
 # cell, then run the check cell below it: it prints ✓ or says what is missing or wrong. A worked
 # solution is in `tutorials/solutions/02_shared_prefix_and_sequence_coupling.py`; try first.
 #
-# **Exercise 2.1 — eq. (38) from the coefficients.** Write `my_shared_net(ρ1, ρ2, λ1, λ2)` returning
-# the net coefficient of the shared step $t = 2$ ("is") under the product-weight objective
-# (`gspo` with `length_norm=False`, no clipping), computed from `token_coefficients` on the
-# two-completion group. The check compares it with the paper's closed form, eq. (38)/G.
+# **Exercise 2.1 — every token's coefficient, off $\theta_\text{old}$.** For the group
+# $\{\tau_1, \tau_2\}$ of section 1 ($\hat A = (-1, +1)$, no clipping) write
+# `my_coefficients(ρ1, ρ2, λ1, λ2, objective)` returning the $(2, 3)$ tensor $c_{i,t} = \partial\mathcal
+# J/\partial\log\pi_\theta(a^{(i)}_t)$ (float64; rows $\tau_1, \tau_2$, columns $t = 1, 2, 3$) for
+# `"grpo"` (token-mean over the $N = 6$ tokens: $\mathcal J = \frac1N\sum_{i,t} r_{i,t}\hat A_i$) and
+# for `"seq"` (the product weight of eq. 11: $\mathcal J = \frac1G\sum_i s_i\hat A_i$,
+# $s_i = \prod_t r_{i,t}$). Use $\partial r/\partial\log\pi = r$. The check compares with numbers
+# worked out by hand at two settings the cells above do not print.
 
 
 # %%
-def my_shared_net(rho1: float, rho2: float, lam1: float, lam2: float) -> float:
-    """Σ_i ∂J/∂logp_(i,2) for the group {τ1, τ2}, from `token_coefficients`."""
+def my_coefficients(rho1: float, rho2: float, lam1: float, lam2: float, objective: str) -> torch.Tensor:
+    """(2, 3) c_(i,t) of the group {τ1, τ2} for "grpo" (token-mean) or "seq" (s = Π r, 1/G)."""
     raise NotImplementedError("Exercise 2.1: replace this line with your code")
 
 
 # %%
 with check("2.1"):
-    for setting in [(1.1, 0.9, 1.3, 0.7), (0.4, 1.6, 2.0, 0.5), (1.9, 1.05, 0.9, 1.1)]:
-        expect_close(
-            my_shared_net(*setting),
-            theory.eq38_coefficient(*setting),
-            "the shared step's net coefficient",
-            at=f"at (ρ1, ρ2, λ1, λ2) = {setting}",
-        )
+    # by hand, (ρ1, ρ2, λ1, λ2) = (1.2, 0.75, 1.4, 0.6): GRPO c = Â_i·r_(i,t)/6; s_1 = 1.26, s_2 = 0.54;
+    # (0.4, 1.6, 2.0, 0.5): s_1 = 1.28, s_2 = 0.32; "seq" c = Â_i·s_i/2 on every token of τ_i
+    by_hand = {
+        ((1.2, 0.75, 1.4, 0.6), "grpo"): [[-0.2, -0.125, -1.4 / 6], [0.2, 0.125, 0.1]],
+        ((1.2, 0.75, 1.4, 0.6), "seq"): [[-0.63] * 3, [0.27] * 3],
+        ((0.4, 1.6, 2.0, 0.5), "grpo"): [[-0.4 / 6, -1.6 / 6, -2.0 / 6], [0.4 / 6, 1.6 / 6, 0.5 / 6]],
+        ((0.4, 1.6, 2.0, 0.5), "seq"): [[-0.64] * 3, [0.16] * 3],
+    }
+    sign = torch.tensor([[-1.0], [1.0]], dtype=f64)
+    for (setting, objective), expected in by_hand.items():
+        got = my_coefficients(*setting, objective)
+        ratios = torch.tensor([setting[:3], [*setting[:2], setting[3]]], dtype=f64)
+        reject(got, sign / 6 * torch.ones(2, 3, dtype=f64), f"{objective}: these are the coefficients at ratio 1 (tutorial 1); off θ_old each term carries its ratio, ∂(r·Â)/∂log π = r·Â")  # fmt: skip
+        for n in (2, 6) if objective == "seq" else ():
+            reject(got, sign * ratios / n, "seq: each token of τ_i got its own ratio r_(i,t); under s_i = Π_t r_(i,t) every token of τ_i gets the whole s_i: ∂s_i/∂log π_t = s_i")  # fmt: skip
+        at = f"at (ρ1, ρ2, λ1, λ2) = {setting}"
+        expect_close(got, torch.tensor(expected, dtype=f64), f"c_(i,t) of {objective}", at=at)
 
 # %% [markdown]
-# **Exercise 2.2 — when does GSPO cancel?** For $\rho_1 = 1.2$, $\rho_2 = 0.8$, $\lambda_1 = 0.9$, find
-# the $\lambda_2$ for which GSPO (length-normalised, no clipping) leaves **no** net coefficient on the
-# shared prefix. (Eq. 13 and Cor. 3.3: cancellation under sequence coupling needs $u_1 = u_2$, a
-# set of measure zero.)
+# Sum your `"seq"` columns 1 and 2 over the two rows and you have eq. (38)/G; sum your `"grpo"` ones
+# and you have eq. (9)'s 0.
+#
+# **Exercise 2.2 — eq. (38) for a group of $G$.** Eq. (38) is for two completions. Take a group of $G$
+# completions of length 3 that all start with the two shared tokens (ratios $\rho_1$, $\rho_2$) and
+# end with different last tokens (ratios $\lambda_i$), with advantages $\hat A_i$ summing to 0. Write
+# `my_prefix_net(adv, ρ1, ρ2, lam, length_norm)` returning the net coefficient $\sum_i c_{i,1}$ on the
+# first shared token under $\mathcal J = \frac1G\sum_i s_i\hat A_i$, where $s_i = \prod_t r_{i,t}$
+# (`length_norm=False`, eq. 11) or GSPO's $s_i = (\prod_t r_{i,t})^{1/3}$ (`length_norm=True`, eq. 44).
+# `adv` and `lam` are float64 tensors of shape $(G,)$; return a number.
 
 
 # %%
-def my_cancelling_lambda2(rho1: float, rho2: float, lam1: float) -> float:
-    """The λ2 that makes GSPO's shared-prefix coefficient vanish (a number or a formula)."""
-    raise NotImplementedError("Exercise 2.2: replace this line with your answer")
+def my_prefix_net(adv: torch.Tensor, rho1: float, rho2: float, lam: torch.Tensor, length_norm: bool) -> float:
+    """Σ_i ∂J/∂logp_(i,1) on the shared first token, J = (1/G) Σ_i s_i·Â_i."""
+    raise NotImplementedError("Exercise 2.2: replace this line with your code")
 
 
 # %%
 with check("2.2"):
-    l2 = number(my_cancelling_lambda2(1.2, 0.8, 0.9), "λ2")
-    net = shared_prefix_net("gspo", 1.2, 0.8, 0.9, l2, **NO_CLIP)[0]  # step 1 ("answer"); step 2 is equal
-    expect_close(net, 0.0, "GSPO's net coefficient on the shared prefix", at=f"at λ2 = {l2}")
+    ex_adv = torch.tensor([-1.5, 0.5, 0.5, 0.5], dtype=f64)
+    ex_lam = torch.tensor([1.3, 0.7, 1.0, 1.2], dtype=f64)
+    # by hand with ρ1·ρ2 = 1.2·0.75 = 0.9: s = 0.9·λ = (1.17, 0.63, 0.9, 1.08) for Π r, and
+    # Σ_i Â_i s_i = −1.755 + 1.305 = −0.45; GSPO: s_i = (0.9·λ_i)^(1/3) and ∂s_i/∂log π_t = s_i/3
+    prod = -0.45 / 4
+    gspo = (-1.5 * 1.17 ** (1 / 3) + 0.5 * (0.63 ** (1 / 3) + 0.9 ** (1 / 3) + 1.08 ** (1 / 3))) / (3 * 4)
+    for length_norm, expected in ((False, prod), (True, gspo)):
+        got = my_prefix_net(ex_adv, 1.2, 0.75, ex_lam, length_norm)
+        what = f"the net coefficient with length_norm={length_norm}"
+        reject(
+            got,
+            0.0,
+            f"{what}: 0 is GRPO's answer (eq. 9); a sequence weight multiplies the shared token by each completion's own s_i",
+        )
+        reject(
+            got,
+            (-1.5 * 1.3 + 0.5 * 2.9) / 4,
+            f"{what}: s_i = ρ1·ρ2·λ_i, the shared steps' ratios are part of every completion's weight",
+        )
+        reject(got, 3 * gspo, f"{what}: the 1/|τ_i| = 1/3 of ∂s_i/∂log π_t = s_i/|τ_i| is missing")
+        expect_close(got, expected, what)

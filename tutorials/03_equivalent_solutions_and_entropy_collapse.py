@@ -22,13 +22,16 @@
 # then runs the toy for many steps and is explicit about what the toy does and does not show.
 
 # %%
+import math  # noqa: F401 (math: exercise 3.2)
 import statistics
 
 import plotly.io as pio
 import torch
-from exercise_check import check, expect_close  # the exercises' check cells (next to this file)
+from exercise_check import check, expect_close, reject, switched_off  # the exercises' checks
 from plotly.subplots import make_subplots
+from show import fmt, report_rows, table  # tables of the cells' numbers; quotes of experiments/REPORT.md
 
+from app.figures import color, seed_band  # the app's palette and its mean ± 1 std over seeds
 from cancellation import compute_loss, group_advantages
 from cancellation.objectives import sequence_log_ratio
 from toymodel import simulate
@@ -55,12 +58,21 @@ sc = EQUIVALENT_SOLUTIONS
 policy = sc.policy()
 theta_old = sc.initial_logits()
 probs = policy.probs(theta_old)
-for i in range(policy.N):
-    reward = float(policy.rewards[i])
-    print(f"τ{i + 1} = {policy.text(i)!r:24} R = {reward:.0f}   π(τ) = {float(probs[i]):.2f}")
+table(
+    [
+        {
+            "τ": f"τ{i + 1}",
+            "text": policy.text(i),
+            "|τ|": int(policy.lengths[i]),
+            "R": policy.rewards[i],
+            "π(τ)": probs[i],
+        }
+        for i in range(policy.N)
+    ]
+)
 print("\nequivalent set:", [policy.text(int(i)) for i in policy.equivalent])
-print("log-odds log π(τ2)/π(τ3):", policy.equiv_log_odds(theta_old))
-print("equivalent-set entropy:   ", policy.equiv_entropy(theta_old), "(max log 2 = 0.693)")
+print("log-odds log π(τ2)/π(τ3):", fmt(policy.equiv_log_odds(theta_old), 6))
+print("equivalent-set entropy:   ", fmt(policy.equiv_entropy(theta_old), 6), "(max log 2 = 0.693147)")
 
 # %% [markdown]
 # The group $\{\tau_1, \tau_2, \tau_3\}$ with the paper's unscaled advantages (eq. 29–30):
@@ -81,7 +93,7 @@ print("Â =", adv, " (eq. 30: −2/3, 1/3, 1/3)")
 # length-normalised ratio (eq. 44)
 #
 # $$s_i(\theta) = \Big(\frac{\pi_\theta(\tau_i)}{\pi_{\theta_\text{old}}(\tau_i)}\Big)^{1/|\tau_i|}
-#   = \exp\Big(\frac{1}{|\tau_i|}\sum_t \log r_{i,t}\Big).$$
+#   = \exp\Big(\frac{1}{|\tau_i|}\sum_t \log r_{i,t}\Big). \qquad\text{(eq. 44)}$$
 
 # %%
 theta = policy.logits_from_probs(
@@ -125,20 +137,23 @@ variants = {
     "DFPO Orth-Proj": ("dfpo", {"transform": "orth_proj"}),
 }
 delta = {name: log_odds_change(obj, **params) for name, (obj, params) in variants.items()}
-for name, d in delta.items():
-    print(f"{name:17} Δ log-odds = {d:+.3e}")
-print(f"\ns-driven part (GSPO − DFPO Min-Replace) = {delta['GSPO'] - delta['DFPO Min-Replace']:+.3e}")
+table([{"objective": name, "Δ log-odds (one step)": d} for name, d in delta.items()])
+s_driven = delta["GSPO"] - delta["DFPO Min-Replace"]
+print(
+    f"\ns-driven part (GSPO − DFPO Min-Replace) = {fmt(s_driven)}, {fmt(100 * s_driven / abs(delta['GSPO']), 2)} % of GSPO's step"
+)
 
 # %% [markdown]
 # Read this carefully, because it is the honest version of eq. (41) on this toy:
 #
-# * **Every objective moves the log-odds by about $-1.1\times10^{-4}$**, GRPO included, which
+# * **Every objective moves the log-odds down** (the table: GRPO, GSPO and Min-Replace by
+#   $1.1$–$1.2\times10^{-4}$, Orth-Proj by $1.6\times10^{-4}$), GRPO included, which
 #   cancels shared tokens exactly. The reason is credit assignment, not coupling: $\tau_2$ shares its
 #   first token "The" with the wrong $\tau_1$, so pushing $\tau_1$ down pulls $\tau_2$ down with it.
 #   That is the policy gradient doing its job (given these samples, "10" is the safer first token).
 # * **The part eq. (41) is about** is the difference between GSPO and DFPO Min-Replace, which share
-#   everything except the within-group spread of the weights: $+6.3\times10^{-6}$, about 5 % of
-#   the step here. (Its sign is not simply that of $s_2 - s_3$: $\tau_1$'s weight enters through the
+#   everything except the within-group spread of the weights: the printed s-driven part, a few
+#   percent of GSPO's step here. (Its sign is not simply that of $s_2 - s_3$: $\tau_1$'s weight enters through the
 #   shared "The" as well, which is why eq. 40's constant $c$ is not one number on this toy.)
 # * Orth-Proj changes the weights more than Min-Replace (it rebalances $\tau_1$ against the
 #   positives), so its step differs more; cancelling the s-driven term does not make the update
@@ -170,68 +185,93 @@ runs = {
     name: [simulate(sc, obj, steps=STEPS, seed=seed, **params) for seed in SEEDS]
     for name, (obj, params) in runs_spec.items()
 }
+ARM_COLOR = {name: color(i) for i, name in enumerate(runs_spec)}  # one colour per arm, in every panel
+
+# %% [markdown]
+# Each curve is the mean over the 5 seeds with a band of ±1 standard deviation (`app.figures.seed_band`,
+# the app's own curves); an arm has the same colour in both panels.
 
 
-def mean_curve(rows_by_seed, key):
-    return [statistics.mean(rows[t][key] for rows in rows_by_seed) for t in range(STEPS)]
+# %%
+def add_curve(fig, name, rows_by_seed, key, col):
+    """The mean of `key` over the seeds and its ±1 std band, in the arm's colour."""
+    x, mean, std, _ = seed_band(rows_by_seed, key)
+    c = ARM_COLOR[name]
+    band = dict(
+        fill="toself", fillcolor=c, opacity=0.15, line={"width": 0}, hoverinfo="skip", showlegend=False
+    )
+    fig.add_scatter(
+        x=[*x, *x[::-1]], y=[*(mean + std), *(mean - std)[::-1]], legendgroup=name, **band, row=1, col=col
+    )
+    fig.add_scatter(
+        x=x, y=mean, name=name, legendgroup=name, showlegend=col == 1, line={"color": c}, row=1, col=col
+    )
 
 
-fig = make_subplots(rows=1, cols=2, subplot_titles=("log π(τ2)/π(τ3)", "equivalent-set entropy"))
+fig = make_subplots(rows=1, cols=2, subplot_titles=("log π(τ2)/π(τ3)", "equivalent-set entropy (nats)"))
 for name, rows_by_seed in runs.items():
-    steps = [row["step"] for row in rows_by_seed[0]]
     for col, key in ((1, "equiv_log_odds"), (2, "equiv_entropy")):
-        fig.add_scatter(
-            x=steps,
-            y=mean_curve(rows_by_seed, key),
-            name=name,
-            legendgroup=name,
-            showlegend=col == 1,
-            row=1,
-            col=col,
-        )
+        add_curve(fig, name, rows_by_seed, key, col)
 fig.update_layout(
-    title="equivalent_solutions, mean over 5 seeds (G=8, 4 inner epochs, SGD lr 0.5)", height=420
+    title="equivalent_solutions, mean ± 1 std over 5 seeds (G=8, 4 inner epochs, SGD lr 0.5)", height=420
 )
 fig.update_xaxes(title_text="step")
 fig.show()
 
+
 # %%
-print(f"{'variant':24} {'final log-odds':>16} {'final entropy':>16} {'E[R]':>7} {'clip/frac':>10}")
-for name, rows_by_seed in runs.items():
+def final_row(name, rows_by_seed):
+    """Mean ± std over the seeds of the last step's log-odds and entropy, E[R], and the mean clip/frac."""
     lo = [rows[-1]["equiv_log_odds"] for rows in rows_by_seed]
     h = [rows[-1]["equiv_entropy"] for rows in rows_by_seed]
-    reward = statistics.mean(rows[-1]["expected_reward"] for rows in rows_by_seed)
     # clip/frac at the last inner step, over the steps that had a learning signal
     clip = [row["clip/frac"] for rows in rows_by_seed for row in rows if row["zero_adv_group_frac"] < 1.0]
-    print(
-        f"{name:24} {statistics.mean(lo):+8.3f} ± {statistics.stdev(lo):.3f} "
-        f"{statistics.mean(h):8.3f} ± {statistics.stdev(h):.3f} {reward:7.3f} {statistics.mean(clip):10.2f}"
-    )
+    return {
+        "variant": name,
+        "final log-odds": f"{statistics.mean(lo):+.2f} ± {statistics.stdev(lo):.2f}",
+        "final entropy": f"{statistics.mean(h):.2f} ± {statistics.stdev(h):.2f}",
+        "E[R]": statistics.mean(rows[-1]["expected_reward"] for rows in rows_by_seed),
+        "clip/frac": statistics.mean(clip),
+    }
+
+
+table([final_row(name, rows_by_seed) for name, rows_by_seed in runs.items()], digits=3)
 
 # %% [markdown]
 # ## 5. What the toy shows, and what it does not
 #
+# Read the table above (5 seeds, so its ± are wide):
+#
 # * **At GSPO's own clip range, GSPO and DFPO differ, and the estimator is why.** With
 #   $\varepsilon = 3\cdot10^{-4}$ nearly every sequence is clipped after the first inner step (the
 #   `clip/frac` column). GSPO then gives a clipped sequence no gradient, so its later inner steps do
-#   little: it learns more slowly and keeps more entropy (−1.20 log-odds, entropy 0.54). DFPO's paper
-#   estimator keeps every sequence's gradient, clipped or not, and ends where GRPO does (−2.80, 0.22).
-#   The eq. 86 control, the same estimator with no transform, ends at the same place (−2.82, 0.22):
-#   the difference from GSPO is the estimator's, not the transform's.
+#   little: it learns more slowly and ends with the largest entropy and the log-odds closest to 0.
+#   DFPO's paper estimator keeps every sequence's gradient, clipped or not, and ends where GRPO does.
+#   The eq. 86 control, the same estimator with no transform, ends at the same place: the difference
+#   from GSPO is the estimator's, not the transform's.
 # * **The collapse you see is mostly credit assignment.** GRPO, which cancels shared tokens exactly,
-#   collapses the equivalent set the most: from entropy 0.64 to about 0.2 in 100 steps, always
-#   towards "10 + 10 = 20 .", because "The" is shared with the wrong answer. The s-driven term of
-#   eq. (41) is a few percent of a step (section 3) and drowns in that, and in the sampling noise,
-#   over a run: with ε=0.2, GSPO and DFPO Min-Replace end within a standard deviation of each other,
-#   and so do the eq. 86 control and DFPO at GSPO's ε. GSPO with its default ε keeps more entropy only
-#   because it learns more slowly (most of its inner steps are clipped; see its lower E[R]), not
-#   because it cancels better.
-# * **What the toy does show exactly** is the mechanism: eq. (39)'s unequal weights and the one-step
-#   s-driven part of eq. (41), which DFPO Min-Replace removes (section 3), and, on the shared-prefix
-#   toy, eq. (38)'s non-cancelling coefficient (tutorial 2). Whether those per-step terms accumulate
-#   into a measurable collapse depends on their sign being systematic, which at language-model
-#   scale (many shared tokens, long completions, far larger length differences) is the paper's claim
-#   and not something this three-trajectory toy can settle.
+#   collapses the equivalent set about as much as the fastest arms (from the starting entropy 0.64 printed in
+#   section 1), always towards "10 + 10 = 20 .", because "The" is shared with the wrong answer. The
+#   s-driven term of eq. (41) is a few percent of a step (section 3) and drowns in that, and in the
+#   sampling noise, over a run: with ε=0.2, GSPO and DFPO Min-Replace end within a standard
+#   deviation of each other, and so do the eq. 86 control and DFPO at GSPO's ε.
+#
+# The experiments (`experiments/REPORT.md`, 1024 seeds, the entropy compared at matched reward) decide
+# these questions with paired tests. Quoted from its summary of predictions, on the same toy:
+
+# %%
+report_rows("toy_aggregation", "coupling")
+report_rows("toy_main", "equivalent-set entropy")
+
+# %% [markdown]
+# So at matched reward GSPO keeps *more* equivalent-set entropy than DFPO and than GRPO (the
+# contradicted rows), and the transform's own effect (DFPO against the eq. 86 control) is either a
+# held difference of order $10^{-4}$ nats or not resolved. The toy shows the *mechanism* exactly:
+# eq. (39)'s unequal weights and the one-step s-driven part of eq. (41), which DFPO Min-Replace removes
+# (section 3), and, on the shared-prefix toy, eq. (38)'s non-cancelling coefficient (tutorial 2).
+# Whether those per-step terms accumulate into a measurable collapse depends on their sign being
+# systematic, which at language-model scale (many shared tokens, long completions, far larger length
+# differences) is the paper's claim and not something this three-trajectory toy can settle.
 #
 # ## Exercises
 #
@@ -240,53 +280,87 @@ for name, rows_by_seed in runs.items():
 # solution is in `tutorials/solutions/03_equivalent_solutions_and_entropy_collapse.py`; try first.
 #
 # **Exercise 3.1 — sequence weights from trajectory probabilities.** Eq. (44) has two forms of the
-# same weight. Write `my_sequence_weights(theta)` that computes $s_i =
-# (\pi_\theta(\tau_i)/\pi_{\theta_\text{old}}(\tau_i))^{1/|\tau_i|}$ for the three trajectories from
-# whole-trajectory log-probabilities (`policy.traj_logp(logits)`, and `policy.lengths`). The check
-# compares with the token-level form `exp(mean_t log r)` that the objectives use.
+# same weight. Write `my_sequence_weights(theta, length_norm)` that computes, for the three
+# trajectories, $s_i = \pi_\theta(\tau_i)/\pi_{\theta_\text{old}}(\tau_i)$ (eq. 11's $\prod_t r_{i,t}$,
+# `length_norm=False`) or GSPO's $s_i = (\pi_\theta(\tau_i)/\pi_{\theta_\text{old}}(\tau_i))^{1/|\tau_i|}$
+# (`length_norm=True`) from whole-trajectory log-probabilities (`policy.traj_logp(logits)`, and
+# `policy.lengths`). The check compares with numbers worked out by hand; `sequence_log_ratio`, which
+# computes the token-level form in one call, is switched off during it.
 
 
 # %%
-def my_sequence_weights(theta: torch.Tensor) -> torch.Tensor:
-    """(3,) GSPO sequence weights at θ against θ_old, from whole-trajectory log-probabilities."""
+def my_sequence_weights(theta: torch.Tensor, length_norm: bool) -> torch.Tensor:
+    """(3,) sequence weights at θ against θ_old: Π_t r (length_norm=False) or GSPO's (Π_t r)^(1/|τ|)."""
     raise NotImplementedError("Exercise 3.1: replace this line with your code")
 
 
 # %%
 with check("3.1"):
-    for probs in (
-        {(): {"The": 0.3, "10": 0.7}},
-        {(): {"The": 0.6, "10": 0.4}, ("The", "answer", "is"): {"25": 0.1, "20": 0.9}},
-    ):
+    # by hand (θ_old is uniform: π_old(The) = π_old(10) = π_old(25 | …) = π_old(20 | …) = 1/2; |τ| = 5, 5, 6):
+    # π_θ(The) = 0.3: Π r = 0.6, 0.6, 1.4;  π_θ(The) = 0.6, π_θ(20 | The answer is) = 0.9: Π r = 0.24, 2.16, 0.8
+    cases = [
+        ({(): {"The": 0.3, "10": 0.7}}, [0.6, 0.6, 1.4]),
+        ({(): {"The": 0.6, "10": 0.4}, ("The", "answer", "is"): {"25": 0.1, "20": 0.9}}, [0.24, 2.16, 0.8]),
+    ]
+    for probs, prod in cases:
         th = policy.logits_from_probs(probs)
-        expected = sequence_log_ratio(policy.token_logp(th, idx), old_logp, mask).exp()
-        expect_close(my_sequence_weights(th), expected, "the sequence weights s_i", at=f"at π_θ = {probs}")
+        gspo = torch.tensor([prod[0] ** (1 / 5), prod[1] ** (1 / 5), prod[2] ** (1 / 6)], dtype=f64)
+        prod = torch.tensor(prod, dtype=f64)
+        with switched_off(globals(), "sequence_log_ratio"):
+            got_prod, got_gspo = my_sequence_weights(th, False), my_sequence_weights(th, True)
+        reject(
+            got_gspo,
+            prod,
+            f"GSPO's s_i at π_θ = {probs}: this is Π_t r (eq. 11); eq. 44 takes the |τ_i|-th root",
+        )
+        for T in (5, 6):
+            reject(
+                got_gspo,
+                prod ** (1 / T),
+                f"GSPO's s_i at π_θ = {probs}: every trajectory got the root 1/{T}; each takes its own length |τ_i| (5, 5, 6)",
+            )
+        expect_close(got_prod, prod, "the weights Π_t r", at=f"at π_θ = {probs}")
+        expect_close(got_gspo, gspo, "GSPO's weights s_i", at=f"at π_θ = {probs}")
 
 # %% [markdown]
-# **Exercise 3.2 — the drift of one GSPO run.** Using `simulate`, return the change of the log-odds
-# $\log\pi(\tau_2)/\pi(\tau_3)$ over a 60-step GSPO run with ε = 0.2 and seed 3 (final value minus
-# the starting value $-\log 2$). The check compares with the exact log-odds of the run's final
-# parameters, which it gets from `simulate`'s `callback` (it receives the logits after every step).
+# **Exercise 3.2 — entropy from log-odds.** The table of section 4 prints each arm's final log-odds
+# $\ell = \log\pi(\tau_2)/\pi(\tau_3)$ and final equivalent-set entropy: the second is a function of the
+# first. Renormalised over the equivalent set, $\tau_2$ has the share $p = \pi(\tau_2)/(\pi(\tau_2) +
+# \pi(\tau_3))$. Write `my_equiv_entropy(log_odds)` returning the entropy (in nats) of the two-answer
+# distribution $(p, 1 - p)$ as a number, from $\ell$ alone. (Then check a row of the table with it.)
 
 
 # %%
-def my_log_odds_drift() -> float:
-    """Final minus initial equiv_log_odds of the 60-step GSPO run (ε = 0.2, seed 3)."""
+def my_equiv_entropy(log_odds: float) -> float:
+    """Entropy (nats) of (p, 1 − p), p = τ2's share of the equivalent set, from ℓ = log π(τ2)/π(τ3)."""
     raise NotImplementedError("Exercise 3.2: replace this line with your code")
 
 
 # %%
 with check("3.2"):
-    got = my_log_odds_drift()
-    final = {}
-    simulate(
-        sc,
-        "gspo",
-        steps=60,
-        seed=3,
-        epsilon_low=0.2,
-        epsilon_high=0.2,
-        callback=lambda step, z: final.update(z=z),
-    )
-    expected = policy.equiv_log_odds(final["z"]) - policy.equiv_log_odds(theta_old)
-    expect_close(got, expected, "the change of log π(τ2)/π(τ3) over the run")
+    # by hand: p = 1/(1 + e^(−ℓ)), H = −p·ln p − (1 − p)·ln(1 − p); ℓ = 0: ln 2; ℓ = −ln 2: p = 1/3
+    by_hand = {-2.8: 0.219541, 0.0: 0.693147, -0.6931471805599453: 0.636514, 1.5: 0.475052}
+    in_bits = {0.0: 1.0, -0.6931471805599453: 0.918296, -2.8: 0.31673, 1.5: 0.685355}
+    one_term = {0.0: 0.346574, -0.6931471805599453: 0.366204, -2.8: 0.163892, 1.5: 0.16467}
+    for ell, expected in by_hand.items():
+        got = my_equiv_entropy(ell)
+        if ell == -2.8:  # p = e^ℓ = 0.0608 would give 0.229191
+            reject(
+                got,
+                0.229191,
+                "the entropy at ℓ = -2.8 uses p = e^ℓ = π(τ2)/π(τ3); τ2's share of the set is p = e^ℓ/(1 + e^ℓ)",
+                rtol=1e-4,
+            )
+        reject(
+            got,
+            in_bits[ell],
+            f"the entropy at ℓ = {ell:g} is in bits (log base 2); the toy's entropies are in nats (natural log)",
+            rtol=1e-4,
+        )
+        reject(
+            got,
+            one_term[ell],
+            f"the entropy at ℓ = {ell:g} is only −p·ln p; the other answer's share 1 − p has its term too",
+            rtol=1e-4,
+        )
+        expect_close(got, expected, "the equivalent-set entropy", at=f"at ℓ = {ell:g}", rtol=1e-5)

@@ -27,10 +27,13 @@ import statistics
 
 import plotly.io as pio
 import torch
-from exercise_check import check, ensure, expect_close  # the exercises' check cells (next to this file)
+from exercise_check import check, ensure, expect_close, reject, switched_off  # the exercises' checks
 from plotly.subplots import make_subplots
+from show import report_rows, table  # tables of the cells' numbers; quotes of experiments/REPORT.md
 
+from app.figures import SYMBOLS, color  # the app's palette and marker symbols
 from cancellation import compute_loss
+from cancellation.diagnostics import token_coefficients
 from cancellation.objectives import sign_aware_clip
 from toymodel import simulate, theory
 from toymodel.scenarios import CLIP_ASYMMETRY, clip_asymmetry_net, clip_asymmetry_policies
@@ -56,19 +59,32 @@ f64 = torch.float64
 
 # %%
 eps = 0.2
-ratios = torch.tensor([0.5, 0.9, 1.0, 1.1, 1.5], dtype=f64)
-print(f"{'r':>5} | {'weight (A>0)':>13} {'grad?':>6} | {'weight (A<0)':>13} {'grad?':>6}")
-for r in ratios:
-    w_pos = float(sign_aware_clip(r[None], torch.tensor([1.0], dtype=f64), eps, eps))
-    w_neg = float(sign_aware_clip(r[None], torch.tensor([-1.0], dtype=f64), eps, eps))
-    g_pos = theory.carries_gradient(float(r), 1.0, eps, eps)
-    g_neg = theory.carries_gradient(float(r), -1.0, eps, eps)
-    print(f"{float(r):5.2f} | {w_pos:13.2f} {g_pos!s:>6} | {w_neg:13.2f} {g_neg!s:>6}")
+ratios = [0.5, 0.9, 1.0, 1.1, 1.5]
+
+
+def weight(r: float, a: float) -> float:
+    """The sign-aware post-clip weight s̄ of eq. (47) for one ratio and one advantage sign."""
+    return float(sign_aware_clip(torch.tensor([r], dtype=f64), torch.tensor([a], dtype=f64), eps, eps))
+
+
+table(
+    [
+        {
+            "r": r,
+            "weight, A>0": weight(r, 1.0),
+            "grad?, A>0": theory.carries_gradient(r, 1.0, eps, eps),
+            "weight, A<0": weight(r, -1.0),
+            "grad?, A<0": theory.carries_gradient(r, -1.0, eps, eps),
+        }
+        for r in ratios
+    ]
+)
 
 # %% [markdown]
 # Inside the range both signs keep the gradient. Above $1+\varepsilon$ only the negative-advantage
 # term keeps it ("do not increase a good token further"), below $1-\varepsilon$ only the
-# positive one. That asymmetry is the whole story of this tutorial.
+# positive one ("do not decrease a bad token further"). That asymmetry is the whole story of this
+# tutorial.
 #
 # ## 2. The toy: one shared token with ratio $w$
 #
@@ -102,17 +118,23 @@ print(sc.description)
 # and autograd (`clip_asymmetry_net`) with the closed forms in `toymodel.theory`:
 
 # %%
-print(f"{'w':>5} | {'−4·loss':>9} {'C(w)':>9} | {'net coef':>9} {'w·Cʹ(w)/4':>10} | {'GRPO-fix':>9}")
+rows = []
 for w in [0.3, 0.7, 0.9, 1.1, 1.3, 1.5, 1.9]:
     theta, theta_old = clip_asymmetry_policies(w)
     loss, _ = compute_loss(
         "grpo", policy.token_logp(theta, idx), policy.token_logp(theta_old, idx), adv, mask, group
     )
-    net, net_fix = clip_asymmetry_net("grpo", w), clip_asymmetry_net("grpo_symclip", w)
-    print(
-        f"{w:5.2f} | {-4 * float(loss):+9.4f} {theory.clip_surrogate(w):+9.4f} | "
-        f"{net:+9.4f} {theory.clip_coefficient(w, norm=4):+10.4f} | {net_fix:+9.4f}"
+    rows.append(
+        {
+            "w": w,
+            "−4·loss": -4 * float(loss),
+            "C(w)": theory.clip_surrogate(w),
+            "net coef (autograd)": clip_asymmetry_net("grpo", w),
+            "w·Cʹ(w)/4": theory.clip_coefficient(w, norm=4),
+            "GRPO-fix net coef": clip_asymmetry_net("grpo_symclip", w),
+        }
     )
+table(rows)
 
 # %% [markdown]
 # ## 4. The fix: symmetric clipping (App. H, eq. 79–82)
@@ -125,8 +147,65 @@ for w in [0.3, 0.7, 0.9, 1.1, 1.3, 1.5, 1.9]:
 #
 # A token that the whole group shares has one ratio $r^\star$, so its terms add up to
 # $\varphi(r^\star)\sum_i \hat A_i = 0$ (eq. 82), and the gradient cancels for every $w$ (last column
-# above). It is more conservative than GRPO for negative advantages: above $1+\varepsilon$ it stops
-# pushing a bad completion down too. In the library it is the objective `grpo_symclip`.
+# above). In the library it is the objective `grpo_symclip`.
+#
+# It is **not** simply "more conservative" than GRPO. For a negative advantage the two differ on both
+# sides of the band:
+#
+# * above $1+\varepsilon$, GRPO keeps pushing a bad token down ($\max(r, 1+\varepsilon) = r$ carries the
+#   gradient) while GRPO-fix's $\varphi$ is flat there: GRPO-fix stops;
+# * below $1-\varepsilon$, GRPO's $\max(r, 1-\varepsilon) = 1-\varepsilon$ is flat (PPO's lower bound), while
+#   GRPO-fix's clip $[0, 1+\varepsilon]$ has **no lower bound**: it keeps pushing the bad token down.
+#
+# The coefficient $\partial(\text{term})/\partial\log\pi$ of one token, from `token_coefficients`
+# (one completion, one token, so no normaliser): at $A = -1$, $r = 0.5$ GRPO gives 0 and GRPO-fix
+# $-0.5$.
+
+
+# %%
+def one_token_coefficient(objective: str, r: float, a: float) -> float:
+    """∂J/∂logp of a single token with ratio r and advantage a (one completion, one token)."""
+    lp = torch.tensor([[math.log(r)]], dtype=f64)
+    one = torch.ones(1, 1, dtype=f64)
+    return float(
+        token_coefficients(
+            objective, lp, 0 * lp, torch.tensor([a], dtype=f64), one, torch.zeros(1, dtype=torch.long)
+        )
+    )
+
+
+table(
+    [
+        {
+            "r": r,
+            **{
+                f"{name}, A={a:+.0f}": one_token_coefficient(obj, r, a)
+                for a in (1.0, -1.0)
+                for name, obj in (("GRPO", "grpo"), ("GRPO-fix", "grpo_symclip"))
+            },
+        }
+        for r in ratios
+    ]
+)
+
+# %% [markdown]
+# For $A > 0$ the two agree; for $A < 0$ they swap which side is frozen. Whether that makes training
+# faster or slower is an empirical question; the experiments (`experiments/REPORT.md`) decide it
+# with paired tests over 1024 seeds. Quoted from its summary of predictions:
+
+# %%
+report_rows("toy_epsilon", "GRPO-fix")
+report_rows("toy_frontier", "GRPO-fix")
+
+# %% [markdown]
+# The predictions that GRPO-fix is *slower* (more conservative) are contradicted: it reaches the reward
+# threshold sooner. The report's clip-range study compares it with an arm that only drops GRPO's lower
+# clip as well; in its words:
+#
+# > Read together: GRPO-fix's clip is [0, 1 + ε] for both signs, GRPO's without the lower clip is
+# > [0, 1 + ε] for positive advantages and PPO's upper bound alone for negative ones. A difference
+# > against GRPO with none against the no-lower-clip arm says the speed comes from dropping the lower
+# > bound, not from the symmetry.
 #
 # ## 5. The coefficient plot
 #
@@ -136,40 +215,54 @@ for w in [0.3, 0.7, 0.9, 1.1, 1.3, 1.5, 1.9]:
 
 # %%
 ws = [0.05 + 0.025 * k for k in range(77)]  # (0, 2): π_old(answer) = 0.5
+curves = {  # name: (objective, its ε, where its coefficient jumps)
+    "GRPO (ε=0.2)": ("grpo", {}, (0.8, 1.2)),
+    "DAPO clip-higher (0.2 / 0.28)": ("grpo", {"epsilon_high": 0.28}, (0.8, 1.28)),
+    "GRPO-fix (symclip)": ("grpo_symclip", {}, ()),
+}
+
+
+def closed_form(objective: str, w: float, **params) -> float:
+    """App. F's w·Cʹ(w)/4 (GRPO, clip-higher) or App. H's eq. (82) (GRPO-fix), from toymodel.theory."""
+    if objective == "grpo_symclip":
+        return theory.symclip_coefficient(w, [-1.0, 1.0], norm=theory.CA_TOKENS)
+    return theory.clip_coefficient(w, norm=theory.CA_TOKENS, **params)
+
+
+def with_breaks(xs, ys, jumps):
+    """The line's points with a gap (None) where it jumps, so the plot draws no vertical segment there."""
+    out_x, out_y = [], []
+    for k, (x, y) in enumerate(zip(xs, ys, strict=True)):
+        if k and any(xs[k - 1] < j <= x for j in jumps):
+            out_x.append(None)
+            out_y.append(None)
+        out_x.append(x)
+        out_y.append(y)
+    return out_x, out_y
+
+
+# %% [markdown]
+# Left: the group surrogate $C(w)$, continuous with kinks; right: the net coefficient on the shared
+# token, which **jumps** at the kinks (drawn as breaks, not as vertical lines). Markers are autograd
+# through the real objectives, lines the closed forms, one colour per objective. GRPO-fix's
+# coefficient is 0 for every $w$ (to float rounding; its legend entry says so).
+
+# %%
 fig = make_subplots(
     rows=1, cols=2, subplot_titles=("surrogate C(w) (eq. 75/76)", "net ∂J/∂logp of the shared token")
 )
-fig.add_scatter(
-    x=ws, y=[theory.clip_surrogate(w) for w in ws], mode="lines", name="C(w), ε=0.2", row=1, col=1
-)
-fig.add_scatter(
-    x=ws,
-    y=[theory.clip_surrogate(w, epsilon_high=0.28) for w in ws],
-    mode="lines",
-    name="C(w), clip-higher",
-    row=1,
-    col=1,
-)
-curves = {
-    "GRPO (ε=0.2)": ("grpo", {}, {}),
-    "DAPO clip-higher (0.2 / 0.28)": ("grpo", {"epsilon_high": 0.28}, {"epsilon_high": 0.28}),
-    "GRPO-fix (symclip)": ("grpo_symclip", {}, None),
-}
-for name, (objective, params, closed) in curves.items():
-    fig.add_scatter(
-        x=ws,
-        y=[clip_asymmetry_net(objective, w, **params) for w in ws],
-        mode="markers",
-        name=f"{name} autograd",
-        row=1,
-        col=2,
-    )
-    closed_form = (
-        [theory.clip_coefficient(w, norm=theory.CA_TOKENS, **closed) for w in ws]
-        if closed is not None
-        else [theory.symclip_coefficient(w, [-1.0, 1.0], norm=theory.CA_TOKENS) for w in ws]
-    )
-    fig.add_scatter(x=ws, y=closed_form, mode="lines", name=f"{name} closed form", row=1, col=2)
+for i, (name, (objective, params, jumps)) in enumerate(curves.items()):
+    c = color(i)
+    autograd = [clip_asymmetry_net(objective, w, **params) for w in ws]
+    zero = max(abs(y) for y in autograd) < 1e-12  # 0 up to float rounding on the whole grid
+    if objective == "grpo":
+        fig.add_scatter(x=ws, y=[theory.clip_surrogate(w, **params) for w in ws], mode="lines", line={"color": c},
+                        name=f"C(w), {name}", legendgroup=name, row=1, col=1)  # fmt: skip
+    fig.add_scatter(x=ws, y=autograd, mode="markers", marker={"color": c, "symbol": SYMBOLS[i], "size": 9},
+                    name=f"{name} autograd" + (": 0 (to rounding)" if zero else ""), legendgroup=name, row=1, col=2)  # fmt: skip
+    x, y = with_breaks(ws, [closed_form(objective, w, **params) for w in ws], jumps)
+    fig.add_scatter(x=x, y=y, mode="lines", line={"color": c}, connectgaps=False, name=f"{name} closed form",
+                    legendgroup=name, row=1, col=2)  # fmt: skip
 for col in (1, 2):
     fig.add_vrect(x0=0.8, x1=1.2, fillcolor="green", opacity=0.08, line_width=0, row=1, col=col)
 fig.update_xaxes(title_text="ratio w of the shared token")
@@ -194,6 +287,7 @@ fig.show()
 # %%
 config = dict(steps=60, num_groups=4, group_size=4, lr=1.0, inner_epochs=16)
 print(f"clip_asymmetry, {config}, 3 seeds")
+summary = []
 for objective in ("grpo", "grpo_symclip"):
     runs = [simulate(sc, objective, seed=seed, **config) for seed in range(3)]
     # NaN on steps without a whole-group event that got a gradient
@@ -205,16 +299,21 @@ for objective in ("grpo", "grpo_symclip"):
     ]
     clip = [statistics.mean(r["clip/frac"] for r in rows if r["zero_adv_group_frac"] < 1.0) for rows in runs]
     reward = [rows[-1]["expected_reward"] for rows in runs]
-    print(
-        f"  {objective:13} group-shared residual {statistics.mean(residual):.4f}   "
-        f"clip/frac {statistics.mean(clip):.3f}   final E[R] {statistics.mean(reward):.3f}"
+    summary.append(
+        {
+            "objective": objective,
+            "group-shared residual": statistics.mean(residual),
+            "clip/frac": statistics.mean(clip),
+            "final E[R]": statistics.mean(reward),
+        }
     )
+table(summary)
 
 # %% [markdown]
-# GRPO leaves a small but non-zero residual on whole-group events; GRPO-fix leaves exactly zero.
-# Be honest about the size: by the last inner step the clip binds on roughly a tenth of the tokens,
-# the leak is a few percent of the whole-group coefficient mass, and on this toy it barely changes
-# the learning curve. The toy shows
+# GRPO leaves a small but non-zero residual on whole-group events; GRPO-fix's is zero up to float
+# rounding (of order 1e-17). Be honest about the size (the table): the clip binds on about a tenth
+# of the tokens, the leak is under a tenth of the whole-group coefficient mass, and on this toy the
+# final E[R] barely differs. The toy shows
 # the mechanism exactly (sections 3–5); how much it costs a language model depends on how often its
 # shared tokens leave the clip range, which is larger with more inner epochs, larger learning rates
 # and stale rollouts.
@@ -225,27 +324,88 @@ for objective in ("grpo", "grpo_symclip"):
 # cell, then run the check cell below it: it prints ✓ or says what is missing or wrong. A worked
 # solution is in `tutorials/solutions/04_clipping_breaks_cancellation.py`; try first.
 #
-# **Exercise 4.1 — the leak from first principles.** For $w > 1+\varepsilon$ only $\tau_1$'s term
-# ($\hat A_1 = -1$, weight $w$) depends on $\theta$; for $w < 1-\varepsilon$ only $\tau_2$'s. Write
-# `my_grpo_net(w)` returning the net coefficient on the shared token for GRPO with ε = 0.2 on this
-# toy (token-mean over its 4 tokens). The check compares it with the library's autograd value.
+# **Exercise 4.1 — the sign-aware clip (eq. 46–47).** Write `my_sign_aware_clip(r, adv, epsilon_low,
+# epsilon_high)` returning, elementwise, the weight $\bar s$ with $\min(rA, \operatorname{clip}(r)A) =
+# A\,\bar s$ for both signs of $A$: with $c = \operatorname{clip}(r, 1-\varepsilon_\text{low},
+# 1+\varepsilon_\text{high})$, $\bar s = \min(r, c)$ if $A \ge 0$ and $\max(r, c)$ if $A < 0$. `r` and
+# `adv` are float64 tensors of one shape. The check uses an asymmetric range (0.2 / 0.28) and numbers
+# worked out by hand; `sign_aware_clip` is switched off during it.
 
 
 # %%
-def my_grpo_net(w: float) -> float:
-    """Σ_i ∂J/∂logp of the shared token 'answer' at ratio w (GRPO, ε = 0.2, token-mean over 4 tokens)."""
+def my_sign_aware_clip(
+    r: torch.Tensor, adv: torch.Tensor, epsilon_low: float, epsilon_high: float
+) -> torch.Tensor:
+    """s̄ of eq. (47), elementwise: min(r, clip(r)) where adv ≥ 0, max(r, clip(r)) where adv < 0."""
     raise NotImplementedError("Exercise 4.1: replace this line with your code")
 
 
 # %%
 with check("4.1"):
-    for w in [0.1, 0.5, 0.79, 0.81, 1.0, 1.19, 1.21, 1.6, 1.95]:
-        expect_close(
-            my_grpo_net(w), clip_asymmetry_net("grpo", w), "GRPO's net coefficient", at=f"at w = {w}"
-        )
+    ex_r = torch.tensor([0.5, 0.5, 0.75, 0.9, 0.9, 1.25, 1.5, 1.5], dtype=f64)
+    ex_a = torch.tensor([1.0, -1.0, -1.0, 1.0, -1.0, 1.0, 1.0, -1.0], dtype=f64)
+    # by hand, clip range [0.8, 1.28]: A > 0 keeps min(r, c), A < 0 keeps max(r, c)
+    by_hand = torch.tensor([0.5, 0.8, 0.8, 0.9, 0.9, 1.25, 1.28, 1.5], dtype=f64)
+    plain_clip = torch.tensor([0.8, 0.8, 0.8, 0.9, 0.9, 1.25, 1.28, 1.28], dtype=f64)
+    signs_swapped = torch.tensor([0.8, 0.5, 0.75, 0.9, 0.9, 1.25, 1.5, 1.28], dtype=f64)
+    eps_swapped = torch.tensor([0.5, 0.72, 0.75, 0.9, 0.9, 1.2, 1.2, 1.5], dtype=f64)
+    with switched_off(globals(), "sign_aware_clip"):
+        got = my_sign_aware_clip(ex_r, ex_a, 0.2, 0.28)
+    reject(
+        got,
+        plain_clip,
+        "s̄: that is clip(r) for both signs; eq. (47) keeps r where it lies on the side the sign does not clip: min(r, c) for A ≥ 0, max(r, c) for A < 0",
+    )
+    reject(
+        got,
+        signs_swapped,
+        "s̄: min and max are swapped: A ≥ 0 takes min(r, c) (no credit for pushing a good token past 1 + ε), A < 0 takes max(r, c)",
+    )
+    reject(
+        got,
+        eps_swapped,
+        "s̄: ε_low and ε_high are swapped: the range is [1 − ε_low, 1 + ε_high] = [0.8, 1.28]",
+    )
+    expect_close(got, by_hand, "s̄ (ε_low = 0.2, ε_high = 0.28)")
 
 # %% [markdown]
-# **Exercise 4.2 — where does clip-higher still cancel?** With DAPO's $\varepsilon_\text{low} = 0.2$,
+# **Exercise 4.2 — one token's coefficient, GRPO and GRPO-fix.** Write `my_token_coefficient(r, adv,
+# objective)` returning, elementwise, $\partial(\text{term})/\partial\log\pi$ of one token's term (no
+# normaliser): for `"grpo"` the term is $\min(rA, \operatorname{clip}(r, 0.8, 1.2)A)$, for
+# `"grpo_symclip"` it is $A\cdot\operatorname{clip}(r, 0, 1.2)$ (eq. 79). Use $\partial r/\partial\log\pi =
+# r$ and that a clipped branch is a constant. (No ratio in the check sits on a clip boundary.)
+# `token_coefficients` is switched off during the check.
+
+
+# %%
+def my_token_coefficient(r: torch.Tensor, adv: torch.Tensor, objective: str) -> torch.Tensor:
+    """∂(term)/∂log π of each token, term = min(rA, clip(r, 0.8, 1.2)A) or A·clip(r, 0, 1.2)."""
+    raise NotImplementedError("Exercise 4.2: replace this line with your code")
+
+
+# %%
+with check("4.2"):
+    ex_r = torch.tensor([0.5, 0.5, 1.0, 1.0, 1.5, 1.5], dtype=f64)
+    ex_a = torch.tensor([1.0, -1.0, 1.0, -1.0, 1.0, -1.0], dtype=f64)
+    # by hand: GRPO keeps the gradient r·A where min picks r, else 0; GRPO-fix keeps r·A where r < 1.2
+    by_hand = {"grpo": [0.5, 0.0, 1.0, -1.0, 0.0, -1.5], "grpo_symclip": [0.5, -0.5, 1.0, -1.0, 0.0, 0.0]}
+    # fmt: off
+    mistakes = {  # what a known slip gives, and what it is
+        "grpo_symclip": [([0.0, 0.0, 1.0, -1.0, 0.0, 0.0], "GRPO-fix's clip is clip(r, 0, 1 + ε): it has no lower bound at 1 − ε, so at r = 0.5 the term keeps its gradient r·A for both signs")],
+        "grpo": [([1.0, 0.0, 1.0, -1.0, 0.0, -1.0], "∂(r·A)/∂log π = r·A: the coefficient carries the ratio r, not just A"),
+                 ([0.5, -0.5, 1.0, -1.0, 1.5, -1.5], "r·A everywhere is the unclipped term; where min picks the clipped branch the term is a constant, coefficient 0")],
+    }
+    # fmt: on
+    for objective, expected in by_hand.items():
+        with switched_off(globals(), "token_coefficients"):
+            got = my_token_coefficient(ex_r, ex_a, objective)
+        for mistake, message in mistakes[objective]:
+            reject(got, torch.tensor(mistake, dtype=f64), f"{objective}: {message}")
+        at = "at r = (0.5, 0.5, 1, 1, 1.5, 1.5), A = ±1"
+        expect_close(got, torch.tensor(expected, dtype=f64), f"the coefficients of {objective}", at=at)
+
+# %% [markdown]
+# **Exercise 4.3 — where does clip-higher still cancel?** With DAPO's $\varepsilon_\text{low} = 0.2$,
 # $\varepsilon_\text{high} = 0.28$, return the interval $(w_\text{lo}, w_\text{hi})$ of ratios of the
 # shared token inside which GRPO's net coefficient is exactly zero. The check probes the objective
 # just inside and just outside your interval.
@@ -254,11 +414,11 @@ with check("4.1"):
 # %%
 def my_cancelling_interval(epsilon_low: float, epsilon_high: float) -> tuple[float, float]:
     """(w_lo, w_hi) where GRPO still cancels on the shared token."""
-    raise NotImplementedError("Exercise 4.2: replace this line with your answer")
+    raise NotImplementedError("Exercise 4.3: replace this line with your answer")
 
 
 # %%
-with check("4.2"):
+with check("4.3"):
     interval = my_cancelling_interval(0.2, 0.28)
     ensure(
         isinstance(interval, (tuple, list)) and len(interval) == 2,

@@ -22,26 +22,29 @@
 #
 # $$\sum_{i=1}^G \tilde s_i \hat A_i = 0 \qquad\text{(eq. 73)},$$
 #
-# so that a token every completion shares (same length, eq. 72) gets a zero net coefficient again.
-# This tutorial applies the four transforms of App. B to a hand-made group, then runs them inside
-# the objective, shows why the paper's stop-gradient estimator is what carries eq. (73) to the
-# gradient (also when the clip binds), and finally trains the toy to separate what the *estimator*
-# does from what the *transform* does, with the paper's own control (eq. 86) and Table 3's ablation.
+# so that a token every completion shares (same length) gets a zero net coefficient again.
+# This tutorial applies the four transforms of App. B to a hand-made group, runs them inside the
+# objective, shows why the paper's stop-gradient estimator carries eq. (73) to the gradient (also
+# when the clip binds), and trains the toy to tell what the *estimator* does from what the
+# *transform* does. In the exercises you write Min-Replace, Orth-Proj, the post-clip weight and the
+# paper's estimator yourself.
 
 # %%
-import statistics
-
 import plotly.graph_objects as go
 import plotly.io as pio
 import torch
 from exercise_check import check, ensure, expect_close  # the exercises' check cells (next to this file)
+from show import report_rows, table  # tables, and quotes of experiments/REPORT.md
 
+from app.figures import PALETTE, curve_figure  # the app's colours and its mean ± 1 std seed curves
 from cancellation import group_advantages
-from cancellation.diagnostics import shared_residual, steps_to_threshold, token_coefficients
+from cancellation.diagnostics import shared_residual, token_coefficients
 from cancellation.objectives import sequence_log_ratio, sign_aware_clip
-from cancellation.transforms import TRANSFORMS, min_replace, orth_proj, orth_proj_pos, truncate_rebalance
-from cancellation.update import RESIDUAL_KEYS
-from toymodel import get_scenario, simulate
+from cancellation.transforms import TRANSFORMS, min_replace
+from experiments.stats import paired_difference
+from toymodel import get_scenario
+from toymodel.batched import seed_rows, simulate_seeds
+from toymodel.compare import summarize_variant
 
 pio.renderers.default = "plotly_mimetype+notebook_connected"
 torch.set_num_threads(1)  # the toy's tensors are tiny: one thread is fastest
@@ -49,7 +52,21 @@ torch.set_printoptions(precision=4, sci_mode=False)
 f64 = torch.float64
 
 # %% [markdown]
-# ## 1. A hand-made group and its post-clip weights (eq. 46–49)
+# One colour per arm in every figure, from the app's palette, in the order of the Training lab's
+# first screen (GSPO, the eq. 86 control, DFPO); the same arm at ε = 0.2 keeps its colour, dotted.
+
+# %%
+COLOR = {
+    "GSPO": PALETTE[0], "eq. 86 control": PALETTE[1], "DFPO (Min-Replace)": PALETTE[2],
+    "orth_proj": PALETTE[3], "orth_proj_pos": PALETTE[4], "truncate_rebalance": PALETTE[5],
+    "DFPO ppo_clip": PALETTE[6], "DFPO (no stop-grad)": PALETTE[7], "DFPO (scale by 0.5)": PALETTE[8],
+    "GSPO ε=0.2": PALETTE[0], "DFPO (Min-Replace) ε=0.2": PALETTE[2],
+}  # fmt: skip
+COLOR["min_replace"] = COLOR["DFPO (Min-Replace)"]
+COLOR["s̄ (GSPO)"] = COLOR["GSPO"]
+
+# %% [markdown]
+# ## 1. A hand-made group and its post-clip weights
 #
 # Eight completions, five correct. Their sequence ratios $s_i$ have moved away from 1 during the
 # inner epochs; one correct completion ($i = 3$) has become much less likely ($s = 0.04$).
@@ -64,12 +81,13 @@ print("s =", s)
 
 # %% [markdown]
 # GSPO's clipped term $\min(s_i\hat A_i, \operatorname{clip}(s_i)\hat A_i)$ equals $\hat A_i\,\bar s_i$ with
-# the sign-aware post-clip weight (eq. 47)
+# the sign-aware post-clip weight
 #
 # $$\bar s_i = \begin{cases}\min(s_i, c_i), & \hat A_i \ge 0\\ \max(s_i, c_i), & \hat A_i < 0\end{cases},
-# \qquad c_i = \operatorname{clip}(s_i, 1-\varepsilon, 1+\varepsilon),$$
+# \qquad c_i = \operatorname{clip}(s_i, 1-\varepsilon, 1+\varepsilon) \qquad\text{(eq. 47)}:$$
 #
-# so GSPO is $\frac1G\sum_i \hat A_i\bar s_i$ (eq. 49), and DFPO replaces $\bar{\mathbf s}$ by
+# the clip caps a ratio only when it has moved **in its advantage's direction** (up for $\hat A > 0$,
+# down for $\hat A < 0$). GSPO is $\frac1G\sum_i \hat A_i\bar s_i$, and DFPO replaces $\bar{\mathbf s}$ by
 # $\tilde{\mathbf s}$. With $\varepsilon = 0.2$:
 
 # %%
@@ -80,8 +98,8 @@ print("Σ Â·s̄ =", float(adv @ s_bar), " ← not 0: this group's shared token
 # %% [markdown]
 # ## 2. The four transforms (App. B)
 #
-# * **Min-Replace** (eq. 17, 50): $\tilde s_i = \min_j \bar s_j$ for every $i$;
-# * **Orth-Proj** (eq. 18, 63): $\tilde{\mathbf s} = \bar{\mathbf s} -
+# * **Min-Replace** (eq. 50): $\tilde s_i = \min_j \bar s_j$ for every $i$;
+# * **Orth-Proj** (eq. 18): $\tilde{\mathbf s} = \bar{\mathbf s} -
 #   \frac{\hat{\mathbf A}^\top\bar{\mathbf s}}{\lVert\hat{\mathbf A}\rVert^2}\hat{\mathbf A}$;
 # * **positive QP** (eq. 51):
 #   $\tilde{\mathbf s} = \arg\min_{\mathbf v}\tfrac12\lVert\mathbf v - \bar{\mathbf s}\rVert^2$
@@ -90,38 +108,36 @@ print("Σ Â·s̄ =", float(adv @ s_bar), " ← not 0: this group's shared token
 #   sign side by $\alpha$ or $\beta \in (0, 1]$ so that the inner product is 0.
 #
 # Each is a vectorised function `(weights, advantages, group) -> weights` in
-# `cancellation.transforms`:
+# `cancellation.transforms` (Exercise 5.1 writes the first two yourself):
 
 # %%
 results = {name: fn(s_bar, adv, group) for name, fn in TRANSFORMS.items()}
-print(f"{'transform':20} {'s̃':>64}   {'Σ Â·s̃':>9} {'‖s̃ − s̄‖':>9} {'min s̃':>7}")
-for name, s_tilde in results.items():
-    values = " ".join(f"{float(v):6.3f}" for v in s_tilde)
-    print(
-        f"{name:20} [{values}]   {float(adv @ s_tilde):+9.1e} "
-        f"{float((s_tilde - s_bar).norm()):9.4f} {float(s_tilde.min()):7.3f}"
-    )
+table(
+    [
+        {"transform": name, "s̃": [round(v, 3) for v in w.tolist()], "Σ Â·s̃": float(adv @ w),
+         "‖s̃ − s̄‖": float((w - s_bar).norm()), "min s̃": float(w.min())}
+        for name, w in results.items()
+    ]
+)  # fmt: skip
 
 # %% [markdown]
-# All four reach $\sum_i \hat A_i \tilde s_i = 0$. They differ in how far they move the weights:
+# All four reach $\sum_i \hat A_i \tilde s_i = 0$ (up to rounding). They differ in how far they move the
+# weights:
 #
 # * **Min-Replace** gives everyone the smallest weight (0.04 here): exchangeable by construction, but
 #   one unlikely completion shrinks the whole group's step by 30×. (App. C: a shrink, never a sign flip.)
 # * **Orth-Proj** is the smallest change that satisfies eq. (73), but it can go **negative** (the
 #   completion with $\bar s = 0.04$ ends at −0.013): a correct completion would be pushed *down*.
-# * The **positive QP** (eq. 51) is the closest non-negative vector; `orth_proj_pos` solves it exactly
-#   (its KKT solution is $\max(\bar{\mathbf s} - \lambda\hat{\mathbf A}, 0)$). Here it zeroes that
-#   completion and spreads the rest of the correction over the others.
+# * The **positive QP** is the closest non-negative vector; `orth_proj_pos` solves it exactly (its
+#   KKT solution is $\max(\bar{\mathbf s} - \lambda\hat{\mathbf A}, 0)$). Here it zeroes that completion
+#   and spreads the rest of the correction over the others.
 # * **Truncate-and-rebalance** is the paper's one-step approximation of the QP: it only scales the
 #   positive side down ($\alpha < 1$), so it moves further than the QP.
-#
-# A picture of the same table:
 
 # %%
 fig = go.Figure()
-fig.add_bar(name="s̄ (GSPO)", x=list(range(8)), y=s_bar.tolist())
-for name, s_tilde in results.items():
-    fig.add_bar(name=name, x=list(range(8)), y=s_tilde.tolist())
+for name, w in {"s̄ (GSPO)": s_bar, **results}.items():
+    fig.add_bar(name=name, x=list(range(8)), y=w.tolist(), marker_color=COLOR[name])
 fig.update_layout(
     barmode="group",
     title="Post-clip weights of one group before and after each transform (Â > 0 for i = 0, 1, 2, 3, 6)",
@@ -138,9 +154,8 @@ fig.show()
 # sign-aware, applies the transform and multiplies by $\hat A_i$. We use the `template_task` toy
 # (5 template positions with 3 synonyms each, then a deciding token; every completion has the same
 # length, and template positions are shared by design) with one group of 8, a perturbed $\theta$
-# against $\theta_\text{old}$, and measure the residual on the events that **every** completion of
-# the group contains (`shared_residual(..., min_count=G)`: 0 means exact cancellation). Forced
-# steps (a position with a single action, whose score is the zero vector) are left out.
+# against $\theta_\text{old}$. Forced steps (a position with a single action, whose score is the zero
+# vector) are left out.
 
 # %%
 sc = get_scenario("template_task")
@@ -154,6 +169,12 @@ keys = torch.where(free & policy.valid_steps[idx], policy.event_keys[idx], -1)
 old_logp = policy.token_logp(theta_old, idx)
 print("Â =", adv_t)
 
+# %% [markdown]
+# The meter is the residual on the events that **every** completion of the group contains
+# (`shared_residual(..., min_count=G)`): $\sum|\text{net}| / \sum\text{gross}$, 0 for exact cancellation.
+
+# %%
+clip02 = {"epsilon_low": 0.2, "epsilon_high": 0.2}
 objectives = {
     "GRPO": ("grpo", {}),
     "GSPO": ("gspo", {}),
@@ -164,50 +185,64 @@ objectives = {
 
 def whole_group_residual(theta: torch.Tensor, objective: str, **params) -> float:
     logp = policy.token_logp(theta, idx)
-    coef = token_coefficients(
-        objective, logp, old_logp, adv_t, mask, group, epsilon_low=0.2, epsilon_high=0.2, **params
-    )
+    coef = token_coefficients(objective, logp, old_logp, adv_t, mask, group, **clip02, **params)
     return shared_residual(coef, keys, mask, min_count=8).total
 
 
-for scale in (0.3, 1.0):
-    theta = theta_old + scale * torch.randn(
-        theta_old.shape, generator=torch.Generator().manual_seed(2), dtype=f64
-    )
+# %% [markdown]
+# Two perturbations $\theta = \theta_\text{old} + \text{scale}\cdot\text{noise}$, a small and a large one:
+
+# %%
+noise = torch.randn(theta_old.shape, generator=torch.Generator().manual_seed(2), dtype=f64)
+thetas = {scale: theta_old + scale * noise for scale in (0.3, 1.0)}
+for scale, theta in thetas.items():
     s_seq = sequence_log_ratio(policy.token_logp(theta, idx), old_logp, mask).exp()
-    print(f"\nθ = θ_old + {scale}·noise;  s = {[round(float(v), 3) for v in s_seq]}")
-    for name, (objective, params) in objectives.items():
-        print(f"  {name:24} whole-group residual {whole_group_residual(theta, objective, **params):.3f}")
+    print(f"scale {scale}: s = {[round(float(v), 3) for v in s_seq]}")
+residual_at = {
+    (name, scale): whole_group_residual(theta, obj, **params)
+    for name, (obj, params) in objectives.items()
+    for scale, theta in thetas.items()
+}
+table(
+    [
+        {"objective": n, **{f"residual at scale {sc_}": residual_at[n, sc_] for sc_ in thetas}}
+        for n in objectives
+    ]
+)
+print(f"\nGSPO leaves {residual_at['GSPO', 0.3]:.3f} and {residual_at['GSPO', 1.0]:.3f}; "
+      f"DFPO ppo_clip {residual_at['DFPO min_replace, ppo_clip', 0.3]:.3f} and "
+      f"{residual_at['DFPO min_replace, ppo_clip', 1.0]:.3f}")  # fmt: skip
 
 # %% [markdown]
-# With moderate ratios (top block) GSPO leaves a residual and every DFPO transform brings it to 0,
-# like GRPO. With larger ratios (bottom block) two completions' clips bind (those with $\hat A < 0$ and
-# $s = 0.765$ and $0.61$, below $1 - \varepsilon = 0.8$), and still every DFPO transform cancels. Only
-# the last row, DFPO's *trust-region* variant (`estimator="ppo_clip"`, not in the paper), leaves a
-# residual there: it gives a clipped completion no gradient, so eq. (73)'s balance no longer reaches
-# the shared tokens. Which of the two DFPO differentiates is the subject of the next section.
+# GRPO and every DFPO transform cancel at both scales (0 up to float rounding, ~1e-16). GSPO does
+# not (0.047 at the small perturbation, 0.304 at the large one): its $\bar s_i$ differ within the
+# group. At the large perturbation two completions' clips bind (those with $\hat A < 0$ and $s = 0.765$ and $0.61$, below
+# $1 - \varepsilon = 0.8$), and still every DFPO transform cancels. The exception is DFPO's
+# *trust-region* variant (`estimator="ppo_clip"`, not in the paper, last row): 0 at the small
+# perturbation, where nothing clips, but 0.200 at the large one. It gives a clipped completion no
+# gradient, so eq. (73)'s balance no longer reaches the shared tokens. Which of the two DFPO
+# differentiates is the subject of the next section.
 #
-# ## 4. Why the stop-gradient matters: the paper's estimator (App. C/D, eq. 16, 59–62, 68, 86, 91)
+# ## 4. Why the stop-gradient matters: the paper's estimator
 #
 # DFPO treats the transformed weights as **constants**: $\tilde s_i = T(\bar{\mathbf s})_i$ is a number,
 # and the gradient the paper writes is the score-function estimator
 #
 # $$\nabla_\theta J = \frac1G\sum_{i=1}^G \tilde s_i\,\hat A_i\,\nabla_\theta \log s_i(\theta)
-#   \qquad\text{(eq. 68, 91)},$$
+#   \qquad\text{(eq. 68)}:$$
 #
-# i.e. *every* completion, clipped or not, moves along the direction of its **unclipped** sequence
-# ratio, scaled by $\tilde s_i$: with GSPO's $s_i = \exp(\frac{1}{|y_i|}\sum_t \log r_{i,t})$ each of its
-# tokens gets the coefficient $\tilde s_i\hat A_i/(G\,|y_i|)$. In code that is
-# $\hat A_i\cdot\operatorname{sg}(\tilde s_i/s_i)\cdot s_i(\theta)$ (value $\hat A_i\tilde s_i$), `dfpo`'s default
-# `estimator="paper"`. A token that every completion of an equal-length group shares then gets
-# $\frac{1}{G\,T}\sum_i\hat A_i\tilde s_i = 0$ **whatever the clip does**. The clip only bounds the
-# weight's value; it never silences a completion (no PPO-style trust region beyond that, like CISPO).
-#
+# *every* completion, clipped or not, moves along its **unclipped** sequence ratio, scaled by
+# $\tilde s_i$. With GSPO's $s_i = \exp(\frac{1}{|y_i|}\sum_t \log r_{i,t})$ each of its tokens gets the
+# coefficient $\tilde s_i\hat A_i/(G\,|y_i|)$ (you write it in Exercise 5.3). A token that every
+# completion of an equal-length group shares then gets $\frac{1}{G\,T}\sum_i\hat A_i\tilde s_i = 0$
+# **whatever the clip does**: the clip bounds the weight's value, it never silences a completion.
+
+# %% [markdown]
 # Two other ways to differentiate the same objective value:
 #
-# * `estimator="ppo_clip"` writes $\operatorname{sg}(\tilde s_i/\bar s_i)\,\bar s_i(\theta)$: a completion
-#   whose $\bar s_i$ is clipped (a constant) gets **no** gradient, as in PPO/GSPO. A trust region, but
-#   not what the paper writes, and the group constraint no longer holds on the gradient.
+# * `estimator="ppo_clip"`: a completion whose $\bar s_i$ is clipped (a constant) gets **no**
+#   gradient, as in PPO/GSPO. A trust region, but not what the paper writes, and the group constraint
+#   no longer holds on the gradient.
 # * GSPO under the paper's estimator (eq. 86, `gspo` with `estimator="paper"`): every completion gets
 #   $\bar s_i\hat A_i\nabla\log s_i$, **no transform**. This is the control: it keeps the gradients
 #   that GSPO's clip silences, exactly as DFPO does, but not the balance $\sum_i\hat A_i\bar s_i = 0$.
@@ -218,22 +253,21 @@ for scale in (0.3, 1.0):
 
 # %%
 G, T = 4, 3
-adv_h = group_advantages(torch.tensor([1.0, 1.0, 1.0, 0.0], dtype=f64), torch.zeros(G, dtype=torch.long))
 group_h = torch.zeros(G, dtype=torch.long)
+adv_h = group_advantages(torch.tensor([1.0, 1.0, 1.0, 0.0], dtype=f64), group_h)
 log_r = torch.tensor(  # column 0: the shared token, same log-ratio in every completion
     [[0.1, 0.6, 0.5], [0.1, 0.0, -0.1], [0.1, 0.1, -0.05], [0.1, -0.8, -0.3]], dtype=f64
 )
 old_h = torch.full((G, T), -1.0, dtype=f64)
 logp_h = old_h + log_r
 mask_h = torch.ones(G, T)
-clip02 = {"epsilon_low": 0.2, "epsilon_high": 0.2}
 s_h = sequence_log_ratio(logp_h, old_h, mask_h).exp()
 s_bar_h = sign_aware_clip(s_h, adv_h, 0.2, 0.2)
-clipped_h = s_bar_h != s_h
 print("Â  =", adv_h)
 print("s  =", s_h)
-print("s̄  =", s_bar_h, "  clipped:", clipped_h.tolist())
+print("s̄  =", s_bar_h, "  clipped:", (s_bar_h != s_h).tolist())
 
+# %%
 variants_h = {
     "DFPO min_replace (paper)": ("dfpo", {"transform": "min_replace"}),
     "DFPO orth_proj (paper)": ("dfpo", {"transform": "orth_proj"}),
@@ -242,43 +276,27 @@ variants_h = {
     "GSPO, eq. 86 control": ("gspo", {"estimator": "paper"}),
     "GSPO (its own ppo_clip)": ("gspo", {}),
 }
-print(f"\n{'shared token 0: coefficient per completion':44} {'':30} net Σ_i")
-coef_h = {}
+shared_rows = []
 for name, (objective, params) in variants_h.items():
-    coef_h[name] = token_coefficients(objective, logp_h, old_h, adv_h, mask_h, group_h, **clip02, **params)
-    col = coef_h[name][:, 0]
-    print(f"  {name:42} {[round(float(c), 4) + 0.0 for c in col]!s:32} {float(col.sum()):+.2e}")
+    col = token_coefficients(objective, logp_h, old_h, adv_h, mask_h, group_h, **clip02, **params)[:, 0]
+    shared_rows.append({"variant": name, "coefficient of shared token 0, per completion":
+                        [round(float(c), 4) + 0.0 for c in col], "net Σ_i": float(col.sum())})  # fmt: skip
+table(shared_rows)
 
 # %% [markdown]
-# Under the paper's estimator every completion, the two clipped ones included, gets exactly
+# Under the paper's estimator every completion, the two clipped ones included, gets
 # $\tilde s_i\hat A_i/(G\,T)$ on the shared token, so the net is $\frac{1}{GT}\sum_i\hat A_i\tilde s_i = 0$.
 # The `ppo_clip` variant gives the clipped completions 0 and leaves the rest unbalanced. The eq. 86
 # control keeps every completion too, but with $\bar s_i$: its net is $\frac{1}{GT}\sum_i \hat A_i\bar s_i$,
-# not 0. Checked against the formula:
-
-# %%
-for name in ("min_replace", "orth_proj"):
-    s_tilde_h = TRANSFORMS[name](s_bar_h, adv_h, group_h)
-    expected = (s_tilde_h * adv_h / (G * T))[:, None].expand(G, T)
-    assert torch.allclose(coef_h[f"DFPO {name} (paper)"], expected, atol=1e-15)
-    ppo = torch.where(clipped_h, torch.zeros_like(s_tilde_h), s_tilde_h * adv_h / (G * T))
-    assert torch.allclose(coef_h[f"DFPO {name} (ppo_clip)"][:, 0], ppo, atol=1e-15)
-    print(
-        f"{name:11} paper: Σ_i Â_i s̃_i = {float(adv_h @ s_tilde_h):+.1e};  ppo_clip net ×G·T = {float(ppo.sum()) * G * T:+.4f}"
-    )
-assert torch.allclose(coef_h["GSPO, eq. 86 control"][:, 0], s_bar_h * adv_h / (G * T), atol=1e-15)
-print(f"eq. 86 control: Σ_i Â_i s̄_i = {float(adv_h @ s_bar_h):+.4f}")
-
-# %% [markdown]
+# not 0.
+#
 # So under the paper's estimator DFPO's coefficient of every token of completion $i$ is the eq. 86
 # control's multiplied by $\varphi_i = \tilde s_i/\bar s_i$, clipped completions included (App. C's
-# "proportional shrink, no reverse update"): the transform only rescales each completion's step. We
-# can read that factor straight off the coefficients, on the template group of section 3 with the
-# larger perturbation (two clipped completions):
+# "proportional shrink, no reverse update"): the transform only rescales each completion's step.
+# We read that factor off the coefficients of the template group of section 3, large perturbation:
 
 # %%
-theta = theta_old + 1.0 * torch.randn(theta_old.shape, generator=torch.Generator().manual_seed(2), dtype=f64)
-logp = policy.token_logp(theta, idx)
+logp = policy.token_logp(thetas[1.0], idx)
 coef_eq86 = token_coefficients("gspo", logp, old_logp, adv_t, mask, group, estimator="paper", **clip02)
 coef_dfpo = token_coefficients("dfpo", logp, old_logp, adv_t, mask, group, transform="min_replace", **clip02)
 s_bar_t = sign_aware_clip(sequence_log_ratio(logp, old_logp, mask).exp(), adv_t, 0.2, 0.2)
@@ -307,14 +325,14 @@ for name in ("min_replace", "orth_proj"):
 # things DFPO changes at once: **the estimator** (GSPO → control: clipped sequences keep their
 # gradient) and **the transform** (control → DFPO: $\sum_i\hat A_i\tilde s_i = 0$). On the toy we run all
 # of them at GSPO's own clip range (3e-4 / 4e-4, the paper's setting; 4 inner SGD epochs per batch, so
-# most sequences are clipped after the first), 4 seeds × 100 steps, plus GSPO and DFPO at ε = 0.2.
+# most sequences are clipped after the first), 8 seeds × 100 steps, plus GSPO and DFPO at ε = 0.2.
 # Under plain SGD and the paper's estimator "scale by 0.5" is exactly the eq. 86 control at half the
-# learning rate.
+# learning rate. `simulate_seeds` trains all seeds of an arm at once (per seed it equals `simulate`).
 
 # %%
 E02 = {"epsilon_low": 0.2, "epsilon_high": 0.2}
 ablation = {
-    "GSPO (baseline)": ("gspo", {}),
+    "GSPO": ("gspo", {}),
     "eq. 86 control": ("gspo", {"estimator": "paper"}),
     "DFPO (Min-Replace)": ("dfpo", {"transform": "min_replace"}),
     "DFPO ppo_clip": ("dfpo", {"transform": "min_replace", "estimator": "ppo_clip"}),
@@ -323,153 +341,226 @@ ablation = {
     "GSPO ε=0.2": ("gspo", E02),
     "DFPO (Min-Replace) ε=0.2": ("dfpo", {"transform": "min_replace", **E02}),
 }
-SEEDS, STEPS = range(4), 100
-
-
-def first_hit(rows):
-    """(step, template KL) where E[R] first reaches 0.9; (nan, nan) if it never does."""
-    hit = steps_to_threshold([r["expected_reward"] for r in rows], 0.9, [r["step"] for r in rows])
-    return (float("nan"), float("nan")) if hit is None else (hit, rows[int(hit) - 1]["template_kl"])
-
-
-def mean_of(xs):
-    xs = [x for x in xs if x == x]  # drop NaN
-    return statistics.mean(xs) if xs else float("nan")
-
-
-runs = {
-    name: [simulate(sc, obj, steps=STEPS, seed=seed, **params) for seed in SEEDS]
-    for name, (obj, params) in ablation.items()
-}
-print(
-    f"{'variant':25} {'E[R] final':>7} {'steps→0.9':>9} {'KL at 0.9':>9} {'KL final':>8} {'group-shared':>12} {'seq-net':>8}"
-)
-for name, rows_by_seed in runs.items():
-    hits = [first_hit(rows) for rows in rows_by_seed]
-    res = {k: mean_of([mean_of([r[k] for r in rows]) for rows in rows_by_seed]) for k in RESIDUAL_KEYS}
-    print(
-        f"{name:25} {mean_of([rows[-1]['expected_reward'] for rows in rows_by_seed]):7.3f} "
-        f"{mean_of([h[0] for h in hits]):9.1f} {mean_of([h[1] for h in hits]):9.3f} "
-        f"{mean_of([rows[-1]['template_kl'] for rows in rows_by_seed]):8.3f} "
-        f"{res['group_shared_residual']:12.4f} {res['sequence_net_residual']:8.4f}"
-    )
-
-fig = go.Figure(
-    [
-        go.Scatter(
-            x=list(range(1, STEPS + 1)),
-            y=[mean_of([rows[t]["expected_reward"] for rows in rs]) for t in range(STEPS)],
-            name=name,
-        )
-        for name, rs in runs.items()
-    ]
-)
-fig.update_layout(
-    title="template_task: exact E[R], mean of 4 seeds", xaxis_title="step", yaxis_title="E[R]", height=380
-)
-fig.show()
+SEEDS, STEPS = 8, 100
+runs = {}
+for name, (obj, params) in ablation.items():
+    result = simulate_seeds(sc, obj, SEEDS, steps=STEPS, **params)
+    runs[name] = [seed_rows(result, i) for i in range(SEEDS)]  # one list of rows per seed
 
 # %% [markdown]
-# The same seeds in every run, so the effects can be read as paired differences (mean ± standard
-# error over the 4 seeds): the estimator's effect is control − GSPO, the transform's DFPO − control.
+# The summary per arm (`toymodel.compare.summarize_variant`: means over the seeds; the steps and the
+# template KL at E[R] ≥ 0.9 over the seeds that got there, `reached` says how many):
+
+# %%
+summary = {name: summarize_variant(rows, 0.9) for name, rows in runs.items()}
+table(
+    [
+        {"arm": name, "E[R] final": m["expected_reward"], "reached": m["reached_frac"],
+         "steps→0.9": m["steps_to_threshold"], "KL at 0.9": m["template_kl_at_threshold"],
+         "KL final": m["template_kl"], "group-shared res.": m["group_shared_residual"],
+         "seq-net res.": m["sequence_net_residual"]}
+        for name, m in summary.items()
+    ]
+)  # fmt: skip
+
+# %% [markdown]
+# The curves, mean ± 1 std over the 8 seeds (`app.figures.curve_figure`, the app's own). Arms that
+# lie on top of another are dashed, and an arm whose curve is 0 says so in the legend.
 
 
 # %%
-def paired(a: str, b: str, i: int) -> str:
-    d = [x[i] - y[i] for x, y in zip(map(first_hit, runs[a]), map(first_hit, runs[b]), strict=True)]
-    return f"{statistics.mean(d):+7.3f} ± {statistics.stdev(d) / len(d) ** 0.5:.3f}"
+def curves(arms: list[str], metric: str, title: str, dashed: tuple[str, ...] = ()) -> go.Figure:
+    """The app's seed-band figure of ``metric`` for ``arms``, in this tutorial's colours."""
+    fig = curve_figure({a: runs[a] for a in arms}, metric, title=title, height=380)
+    for tr in fig.data:
+        arm, c = tr.legendgroup, COLOR[tr.legendgroup]
+        if tr.fill:  # the ±1 std band
+            tr.fillcolor = "rgba({},{},{},0.15)".format(*(int(c[k : k + 2], 16) for k in (1, 3, 5)))
+            continue
+        tr.line.color = c
+        tr.line.dash = "dot" if arm.endswith("ε=0.2") else ("dash" if arm in dashed else None)
+        finite = [v for v in tr.y if v == v]
+        if finite and max(abs(v) for v in finite) < 1e-12:
+            tr.name = f"{arm} (0 up to rounding)"
+        elif not finite:
+            tr.name = f"{arm} (no update: n/a)"
+    return fig
 
 
+# %%
+at_eps = ["GSPO", "eq. 86 control", "DFPO (Min-Replace)", "DFPO ppo_clip", "DFPO (no stop-grad)",
+          "DFPO (scale by 0.5)"]  # fmt: skip
+curves(at_eps, "expected_reward", "template_task at GSPO's ε: E[R]", ("DFPO ppo_clip",)).show()
+curves(at_eps, "group_shared_residual", "… group-shared residual", ("DFPO ppo_clip",)).show()
+curves(["GSPO ε=0.2", "DFPO (Min-Replace) ε=0.2"], "group_shared_residual", "… at ε = 0.2").show()
+
+# %% [markdown]
+# The same seeds in every run, so the effects are paired differences
+# (`experiments.stats.paired_difference`, mean over the 8 seeds with its bootstrap 95 % CI):
+# the estimator's effect is control − GSPO, the transform's DFPO − control.
+
+# %%
+rows = []
 for what, a, b in (
-    ("estimator (eq. 86 control − GSPO)", "eq. 86 control", "GSPO (baseline)"),
+    ("estimator (eq. 86 control − GSPO)", "eq. 86 control", "GSPO"),
     ("transform (DFPO − eq. 86 control)", "DFPO (Min-Replace)", "eq. 86 control"),
     ("transform at ε=0.2 (DFPO − GSPO)", "DFPO (Min-Replace) ε=0.2", "GSPO ε=0.2"),
 ):
-    print(f"{what:36} steps→0.9 {paired(a, b, 0)}   template KL at 0.9 {paired(a, b, 1)}")
+    for key, label in (("steps_to_threshold", "steps→0.9"), ("template_kl_at_threshold", "KL at 0.9")):
+        per_seed = (
+            [summarize_variant([r], 0.9)[key] for r in runs[a]],
+            [summarize_variant([r], 0.9)[key] for r in runs[b]],
+        )
+        d = paired_difference(*per_seed)
+        rows.append(
+            {"effect": what, "measure": label, "Δ": d.mean, "95% CI": f"[{d.low:+.3g}, {d.high:+.3g}]"}
+        )
+table(rows)
+
+# %% [markdown]
+# Eight seeds give the direction; `experiments/` measured the same comparisons on 1024 fresh seeds
+# (150 steps each). Its report, quoted as written (`show.report_rows` prints the rows of
+# `experiments/REPORT.md`'s summary; nothing is recomputed here):
+
+# %%
+report_rows("toy_main", "Min-Replace reaches")
+report_rows("toy_main", "learning tax")
+report_rows("toy_main", "cancels on tokens the whole group shares, GSPO does not (group")
 
 # %% [markdown]
 # What this shows on the toy, and what it does not:
 #
 # * **The estimator does almost everything that separates DFPO from GSPO at GSPO's ε.** GSPO silences
-#   most sequences after the first inner step and needs about four times as many steps to reach
-#   E[R] ≥ 0.9. The eq. 86 control, which has no transform, is as fast as DFPO and pays the same
-#   larger template KL for it, within the seeds' noise (it moves the policy more per batch); DFPO's
-#   ppo_clip variant behaves like GSPO. So DFPO's speed, and its *larger* learning tax here, are the
-#   estimator's doing.
+#   most sequences after the first inner step; the eq. 86 control, which has no transform, is as fast
+#   as DFPO (the report's "fewer steps than the eq. 86 control": not resolved, Δ within ±0.2 steps) and
+#   DFPO's ppo_clip variant behaves like GSPO (dashed, on top of it). DFPO pays *more* learning tax than
+#   GSPO (the report: contradicted), and about the same as the control.
 # * **The transform's own effect is the last bit of cancellation.** The control's group-shared
-#   residual is already small (its $\bar s_i$ stay close to each other at this ε) and DFPO takes it
-#   to 0; the paired differences in steps and template KL are within about one standard error. At
-#   ε = 0.2 nothing clips on this toy (GSPO is the control there, seed for seed) and the transform
-#   removes GSPO's group-shared residual, again without a measurable change in speed or learning tax.
-#   (`python -m toymodel template_task --compare` over 10 seeds and the Training lab's first screen
-#   say the same.)
-# * **No stop-grad does not learn at all**: E[R] stays at its initial 0.3 and the template KL at 0; its
-#   coefficients are $\sum_i\hat A_i$ times something, 0 up to rounding. In the paper's LM runs it
-#   degrades rather than stops, presumably because completions differ in length; on this equal-length
-#   toy nothing survives.
-# * **Scale by 0.5 is slower, not better**: half the control's step reaches the threshold later.
+#   residual is already small at this ε (its $\bar s_i$ stay close to each other) and DFPO takes it to
+#   0 (float rounding, ~1e-16); at ε = 0.2 GSPO's residual is larger and DFPO's is again 0.
+# * **No stop-grad does not learn at all**: E[R] stays at its initial 0.3 and its residual is n/a (no
+#   coefficient is non-zero). In the paper's LM runs it degrades rather than stops, presumably because
+#   completions differ in length; on this equal-length toy nothing survives.
+# * **Scale by 0.5 is slower, not better**: it is the control at half the step.
 #
 # The toy confirms the mechanism (DFPO's shared tokens cancel exactly, under any clip) and shows that,
-# here, a downstream gain over GSPO comes from the estimator; whether the transform adds one at
-# language-model scale is the public review's open question.
-#
+# here, the gain over GSPO comes from the estimator; whether the transform adds one at language-model
+# scale is the public review's open question (tutorial 8).
+
+# %% [markdown]
 # ## Exercises
 #
 # Write the body of each `my_*` function (until you do, it raises `NotImplementedError`), run its
-# cell, then run the check cell below it: it prints ✓ or says what is missing or wrong. A worked
-# solution is in `tutorials/solutions/05_dfpo_transforms.py`; try first.
+# cell, then run the check cell below it: it prints ✓ or says what is missing or wrong. The checks
+# compare with numbers worked out by hand (in their comments). A worked solution is in
+# `tutorials/solutions/05_dfpo_transforms.py`; try first.
 #
-# **Exercise 5.1 — pick the transform.** Among the four transforms applied to the hand-made group of
-# section 1, which one returns the non-negative weight vector closest to $\bar{\mathbf s}$ that
-# satisfies eq. (73)? Return its name; the check measures all four.
+# **Exercise 5.1 — Min-Replace and Orth-Proj.** For **one** group, given its post-clip weights
+# $\bar{\mathbf s}$ and advantages $\hat{\mathbf A}$ (both `(G,)`), return the pair
+# (Min-Replace's $\tilde{\mathbf s}$, eq. 50; Orth-Proj's $\tilde{\mathbf s}$, eq. 18), each `(G,)`, written with
+# plain tensor operations (a line each).
 
 
 # %%
-def my_closest_nonnegative_transform() -> str:
-    """Name of the transform (a key of TRANSFORMS)."""
-    raise NotImplementedError("Exercise 5.1: replace this line with your answer")
+def my_min_replace_and_orth_proj(s_bar: torch.Tensor, adv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(s̃ of Min-Replace, s̃ of Orth-Proj) for one group: eq. (50) and eq. (18)."""
+    raise NotImplementedError("Exercise 5.1: replace this line with your code")
 
 
 # %%
-feasible = {n: w for n, w in results.items() if bool((w >= 0).all()) and abs(float(adv @ w)) < 1e-9}
-closest = min(feasible, key=lambda n: float((feasible[n] - s_bar).norm()))
-# the exact QP is the closest; Orth-Proj alone can leave negative weights
-assert torch.allclose(results[closest], orth_proj_pos(s_bar, adv, group))
-assert not bool((orth_proj(s_bar, adv, group) >= 0).all())
 with check("5.1"):
-    name = my_closest_nonnegative_transform()
-    ensure(name in results, f"{name!r} is not one of the four transforms {sorted(results)}")
-    w = results[name]
-    ensure(bool((w >= 0).all()), f"{name!r} returns a negative weight: {[round(x, 4) for x in w.tolist()]}")
-    ensure(abs(float(adv @ w)) < 1e-9, f"{name!r} does not satisfy eq. (73): Σ Â s = {float(adv @ w):.3g}")
-    ensure(
-        name == closest,
-        f"{name!r} is non-negative and satisfies eq. (73), but lies at distance "
-        f"{float((w - s_bar).norm()):.4f} from s̄; another transform comes closer "
-        f"({float((feasible[closest] - s_bar).norm()):.4f})",
-    )
+    # by hand: case 1 has Âᵀs̄ = 1.5·0.8 − 0.5·(1.2 + 0.9 + 1.0) = −0.35 and ‖Â‖² = 2.25 + 3·0.25 = 3,
+    # so Orth-Proj adds (0.35/3)·Â: +0.175 to completion 0, −0.35/6 to the others; case 2: Âᵀs̄ = 0.4, ‖Â‖² = 2
+    cases = [
+        ([1.5, -0.5, -0.5, -0.5], [0.8, 1.2, 0.9, 1.0], [0.8] * 4, [0.975, 1.2 - 0.35 / 6, 0.9 - 0.35 / 6, 1.0 - 0.35 / 6]),
+        ([1.0, -1.0], [1.2, 0.8], [0.8, 0.8], [1.0, 1.0]),
+    ]  # fmt: skip
+    for a, sb, want_mr, want_op in cases:
+        a_, sb_ = torch.tensor(a, dtype=f64), torch.tensor(sb, dtype=f64)
+        got = my_min_replace_and_orth_proj(sb_, a_)
+        ensure(
+            isinstance(got, (tuple, list)) and len(got) == 2,
+            f"expected a pair (Min-Replace, Orth-Proj), got {got!r}",
+            "wrong type",
+        )
+        at = f"at Â = {a}, s̄ = {sb}"
+        expect_close(got[0], torch.tensor(want_mr, dtype=f64), "Min-Replace's s̃ (eq. 50)", at=at)
+        dot = float(a_ @ torch.as_tensor(got[1], dtype=f64))
+        ensure(abs(dot) < 1e-9, f"Orth-Proj's s̃ {at}: Σ Â·s̃ = {dot:.4g}, not 0 (eq. 73). Orth-Proj removes the "
+               "whole component of s̄ along Â: (Âᵀs̄ / ‖Â‖²)·Â, with the squared norm")  # fmt: skip
+        expect_close(got[1], torch.tensor(want_op, dtype=f64), "Orth-Proj's s̃ (eq. 18)", at=at)
 
 # %% [markdown]
-# **Exercise 5.2 — the shrink factors.** Under the paper's estimator, DFPO's coefficient of every token
-# of completion $i$ is the eq. 86 control's multiplied by $\varphi_i = \tilde s_i/\bar s_i$ (eq. 59–62,
-# 86), clipped completions included. Write `my_shrink_factors(logp, old_logp, adv, transform)` that
-# returns the $(G,)$ factors for a given transform from the sequence weights alone (no coefficients).
-# The check divides DFPO's actual coefficients by the control's, for truncate-and-rebalance.
+# **Exercise 5.2 — the post-clip weights and the shrink factors.** For one group's sequence ratios
+# $\mathbf s$ and advantages $\hat{\mathbf A}$ (both `(G,)`) and one $\varepsilon$ for both sides,
+# return the pair ($\bar{\mathbf s}$, eq. 47; $\boldsymbol\varphi$ with $\varphi_i = \tilde s_i/\bar s_i$ for
+# Min-Replace), the factor by which DFPO's coefficients are the eq. 86 control's (section 4). Mind
+# which side of the clip applies to which sign of $\hat A$.
 
 
 # %%
-def my_shrink_factors(
-    logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, transform
-) -> torch.Tensor:
-    """(G,) s̃_i / s̄_i for one group, ε = 0.2."""
+def my_post_clip_and_shrink(
+    s: torch.Tensor, adv: torch.Tensor, epsilon: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(s̄, φ) for one group: the sign-aware post-clip weights (eq. 47) and Min-Replace's s̃_i / s̄_i."""
     raise NotImplementedError("Exercise 5.2: replace this line with your code")
 
 
 # %%
 with check("5.2"):
-    got = my_shrink_factors(logp, old_logp, adv_t, truncate_rebalance)
-    coef_tr = token_coefficients(
-        "dfpo", logp, old_logp, adv_t, mask, group, transform="truncate_rebalance", **clip02
+    s_ex = torch.tensor([1.5, 0.5, 1.0, 1.5, 0.5, 0.9], dtype=f64)
+    adv_ex = torch.tensor([1.0, 1.0, 1.0, -1.0, -1.0, -1.0], dtype=f64)
+    # by hand, ε = 0.2: c = clip(s) = [1.2, 0.8, 1.0, 1.2, 0.8, 0.9]; min(s, c) for Â > 0, max(s, c) for Â < 0
+    want_s_bar = [1.2, 0.5, 1.0, 1.5, 0.8, 0.9]
+    why = ["Â > 0 and s above 1 + ε: the clip binds", "Â > 0 and s below 1 − ε: min(s, c) = s, the clip only caps a "
+           "ratio that moved in the advantage's direction", "inside [1 − ε, 1 + ε]", "Â < 0 and s above 1 + ε: "
+           "max(s, c) = s, the clip only caps a ratio that moved in the advantage's direction",
+           "Â < 0 and s below 1 − ε: the clip binds", "inside [1 − ε, 1 + ε]"]  # fmt: skip
+    got = my_post_clip_and_shrink(s_ex, adv_ex, 0.2)
+    ensure(
+        isinstance(got, (tuple, list)) and len(got) == 2, f"expected a pair (s̄, φ), got {got!r}", "wrong type"
     )
-    expected = coef_tr[:, 0] / coef_eq86[:, 0]
-    expect_close(got, expected, "the shrink factors φ_i", atol=1e-10)
+    shape = tuple(got[0].shape) if isinstance(got[0], torch.Tensor) else type(got[0]).__name__
+    ensure(shape == (6,), f"s̄: expected a tensor of shape (6,), got {shape}", "wrong shape")
+    for i, (want, note) in enumerate(zip(want_s_bar, why, strict=True)):
+        expect_close(got[0][i], want, f"s̄ of completion {i}", at=f"(s = {float(s_ex[i])}, {note})")
+    # Min-Replace: s̃ = min s̄ = 0.5 everywhere, so φ_i = 0.5 / s̄_i
+    want_phi = torch.tensor([0.5 / 1.2, 1.0, 0.5, 0.5 / 1.5, 0.5 / 0.8, 0.5 / 0.9], dtype=f64)
+    expect_close(got[1], want_phi, "the shrink factors φ_i = s̃_i / s̄_i", at="(s̃_i = min_j s̄_j = 0.5)")
+
+# %% [markdown]
+# **Exercise 5.3 — the paper's estimator.** Write DFPO's per-token coefficients
+# $c_{i,t} = \partial J/\partial\log\pi(y_{i,t})$ under the paper's estimator (eq. 68) with Min-Replace,
+# for one group: `log_ratio` is $\log r_{i,t} = \log\pi_\theta - \log\pi_\text{old}$ `(G, T)`, `mask` marks
+# each completion's $|y_i|$ tokens, $\varepsilon$ is both clip sides. Every completion, clipped or not,
+# gets $\tilde s_i\hat A_i/(G\,|y_i|)$ on each of its tokens, 0 on padding; $s_i$ is the geometric mean of
+# its token ratios (eq. 44).
+
+
+# %%
+def my_dfpo_coefficients(
+    log_ratio: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, epsilon: float
+) -> torch.Tensor:
+    """(G, T) ∂J/∂log π of every token of one group: DFPO Min-Replace, the paper's estimator (eq. 68)."""
+    raise NotImplementedError("Exercise 5.3: replace this line with your code")
+
+
+# %%
+with check("5.3"):
+    lr_ex = torch.tensor([[0.1, 0.6, 0.5], [0.1, 0.0, 9.9], [0.1, 0.1, -0.05], [0.1, -0.8, -0.3]], dtype=f64)
+    mask_ex = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 1], [1, 1, 1]], dtype=f64)  # completion 1: 2 tokens
+    adv_ex = torch.tensor([0.5, 0.5, 0.5, -1.5], dtype=f64)
+    # by hand: mean log r = [0.4, 0.05, 0.05, −1/3], s = [1.492, 1.051, 1.051, 0.717],
+    # s̄ = [1.2 (clipped), 1.051, 1.051, 0.8 (clipped)], s̃ = min s̄ = 0.8 for all, c = 0.8·Â_i / (4·|y_i|)
+    want = torch.tensor([[0.4 / 12] * 3, [0.4 / 8, 0.4 / 8, 0.0], [0.4 / 12] * 3, [-1.2 / 12] * 3], dtype=f64)
+    why = ["s = e^0.4 clipped to s̄ = 1.2: it keeps its gradient, scaled by s̃ = min s̄ = 0.8, not by s̄",
+           "|y_1| = 2 tokens, so each gets s̃Â/(G·2); its padding gets 0",
+           "not clipped, s̄ = e^0.05, but every completion is scaled by the same s̃ = 0.8",
+           "Â < 0, s = e^(−1/3) clipped up to s̄ = 0.8: it keeps its gradient, s̃Â/(G·3)"]  # fmt: skip
+    got = my_dfpo_coefficients(lr_ex, adv_ex, mask_ex, 0.2)
+    shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+    ensure(
+        shape == (4, 3), f"the coefficients: expected a tensor of shape (4, 3), got {shape}", "wrong shape"
+    )
+    for i, note in enumerate(why):
+        expect_close(got[i], want[i], f"the coefficients of completion {i}", at=f"({note})")

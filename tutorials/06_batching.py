@@ -32,20 +32,24 @@
 # %%
 import statistics
 
-import plotly.graph_objects as go
 import plotly.io as pio
 import torch
-from exercise_check import check, ensure, expect_close, expect_equal  # the exercises' check cells
+from exercise_check import check, ensure, expect_close, expect_equal, number  # the exercises' checks
+from show import report_rows, table  # tables, and quotes of experiments/REPORT.md
 
+from app.figures import PALETTE, curve_figure  # the app's colours and its mean ± 1 std seed curves
 from cancellation import group_advantages
 from cancellation.batching import reward_balanced_select, split_minibatches
 from cancellation.diagnostics import shared_residual, steps_to_threshold, token_coefficients
+from experiments.stats import paired_difference
 from toymodel import get_scenario, simulate
 
 pio.renderers.default = "plotly_mimetype+notebook_connected"
 torch.set_num_threads(1)  # the toy's tensors are tiny: one thread is fastest
 torch.set_printoptions(precision=3, sci_mode=False)
 f64 = torch.float64
+#: one colour per arm in every figure (the app's palette)
+COLOR = {"random mini-batches": PALETTE[1], "query-preserved mini-batches": PALETTE[0]}
 
 # %% [markdown]
 # ## 1. A batch of four groups
@@ -103,10 +107,12 @@ print("one step on the whole batch:", first_epoch_residual([torch.arange(G * N_G
 # group whole (cancellation-hypothesis paper Sec. 4).
 
 # %%
+rows = []
 for mode in ("random", "query"):
     parts = split_minibatches(group, 4, mode=mode, generator=torch.Generator().manual_seed(1))
-    print(f"{mode:7} mini-batches hold groups {[group[p].tolist() for p in parts]}")
-    print(f"        first-epoch whole-group residual: {first_epoch_residual(parts):.3f}")
+    rows.append({"mode": mode, "groups in each mini-batch": [group[p].tolist() for p in parts],
+                 "first-epoch whole-group residual": first_epoch_residual(parts)})  # fmt: skip
+table(rows)
 
 # %% [markdown]
 # A random split leaves most of the whole-group mass uncancelled. The reason is the paper's **local
@@ -117,62 +123,103 @@ for mode in ("random", "query"):
 
 # %%
 parts = split_minibatches(group, 4, mode="random", generator=torch.Generator().manual_seed(1))
-for k, mb in enumerate(parts):
-    sums = {int(g): round(float(adv[mb][group[mb] == g].sum()), 3) for g in group[mb].unique()}
-    print(f"mini-batch {k}: local Σ Â per group {sums}")
+table(
+    [
+        {"mini-batch": k, "local Σ Â per group": {int(g): round(float(adv[mb][group[mb] == g].sum()), 3)
+                                                  for g in group[mb].unique()}}
+        for k, mb in enumerate(parts)
+    ]
+)  # fmt: skip
 
 # %% [markdown]
 # ## 3. In training
 #
-# `simulate` runs the same comparison over whole runs (4 groups per step, 4 mini-batches, 4 inner
-# epochs, GRPO), and measures `group_shared_residual` on the updates it actually applies.
+# `simulate` runs the same comparison over whole runs (4 groups of 4 per step, 4 mini-batches, 4
+# inner epochs, GRPO, 40 steps), 10 seeds per arm, and measures the residuals on the updates it
+# actually applies.
 
 # %%
-SEEDS = range(6)
-runs = {}
-for mode in ("random", "query"):
-    runs[mode] = [
+SEEDS, STEPS = range(10), 40
+runs = {
+    f"{'query-preserved' if mode == 'query' else mode} mini-batches": [
         simulate(
-            sc, "grpo", steps=60, seed=seed, num_groups=4, group_size=4, num_minibatches=4, batching=mode
+            sc, "grpo", steps=STEPS, seed=seed, num_groups=4, group_size=4, num_minibatches=4, batching=mode
         )
         for seed in SEEDS
     ]
-print(f"{'batching':9} {'group-shared res.':>18} {'shared res.':>12} {'E[R] final':>11} {'template KL':>15}")
-for mode, rows_by_seed in runs.items():
-    # NaN (no whole-group event with a gradient in that step) is dropped by the >= 0 test
-    gsr = statistics.mean(
-        r["group_shared_residual"] for rows in rows_by_seed for r in rows if r["group_shared_residual"] >= 0
-    )
-    sr = statistics.mean(
-        r["shared_residual"] for rows in rows_by_seed for r in rows if r["shared_residual"] >= 0
-    )
-    reward = statistics.mean(rows[-1]["expected_reward"] for rows in rows_by_seed)
-    kl = [rows[-1]["template_kl"] for rows in rows_by_seed]
-    kl_text = f"{statistics.mean(kl):.3f} ± {statistics.stdev(kl):.3f}"
-    print(f"{mode:9} {gsr:18.3f} {sr:12.3f} {reward:11.3f} {kl_text:>15}")
+    for mode in ("random", "query")
+}
 
-fig = go.Figure()
-for mode, rows_by_seed in runs.items():
-    fig.add_scatter(
-        x=list(range(1, 61)),
-        y=[statistics.mean(rows[t]["template_kl"] for rows in rows_by_seed) for t in range(60)],
-        name=f"{mode} mini-batches",
-    )
-fig.update_layout(
-    title="Template KL (learning tax), mean of 6 seeds", xaxis_title="step", yaxis_title="KL", height=350
-)
-fig.show()
+
+# %%
+def mean_std(per_seed: list[float]) -> str:
+    """'mean ± sample std' over the seeds."""
+    return f"{statistics.mean(per_seed):.3g} ± {statistics.stdev(per_seed):.3g}"
+
+
+def run_mean(rows: list[dict], key: str) -> float:
+    """One run's mean of ``key`` over the steps that have it (a step without a gradient has NaN)."""
+    return statistics.fmean(r[key] for r in rows if r[key] == r[key])
+
+
+table(
+    [
+        {"arm": arm, "group-shared res.": mean_std([run_mean(rows, "group_shared_residual") for rows in rs]),
+         "shared res.": mean_std([run_mean(rows, "shared_residual") for rows in rs]),
+         "E[R] final": mean_std([rows[-1]["expected_reward"] for rows in rs]),
+         "template KL final": mean_std([rows[-1]["template_kl"] for rows in rs])}
+        for arm, rs in runs.items()
+    ]
+)  # fmt: skip
+print("(mean ± std over the 10 seeds; a residual is first averaged over each run's steps)")
 
 # %% [markdown]
-# The residual difference is large: query-preserved mini-batches keep whole-group events at (almost)
+# The residual difference is large: query-preserved mini-batches keep whole-group events at almost
 # 0, random ones leave most of their mass. (The small remainder under query-preserved batching is
-# clipping: other groups move the shared contexts until a ratio leaves the clip range, tutorial 4.)
-# What the toy does **not** show is a clear downstream cost: the template KL (the exact learning
-# tax) differs by less than its seed-to-seed spread (the ± column; over 10 seeds we measured
-# 0.19 ± 0.16 random vs 0.18 ± 0.10 query-preserved), and the reward ends at the same value. The
-# broken events are a minority of all shared events here, and on this toy the drift they cause
-# largely averages out over steps. (The `shared residual` column includes events shared by only part
-# of a group, which no batching cancels: that part is credit assignment.)
+# clipping: other groups move the shared contexts until a ratio leaves the clip range, tutorial 4.
+# The `shared res.` column includes events shared by only part of a group, which no batching
+# cancels: that part is credit assignment.) The
+# curves, mean ± 1 std over the 10 seeds (`app.figures.curve_figure`, the app's own):
+
+
+# %%
+def curves(metric: str, title: str):
+    """The app's seed-band figure of ``metric`` for both arms, in this tutorial's colours."""
+    fig = curve_figure(runs, metric, title=title, height=360)
+    for tr in fig.data:
+        c = COLOR[tr.legendgroup]
+        if tr.fill:  # the ±1 std band
+            tr.fillcolor = "rgba({},{},{},0.15)".format(*(int(c[k : k + 2], 16) for k in (1, 3, 5)))
+        else:
+            tr.line.color = c
+    return fig
+
+
+curves("group_shared_residual", "Group-shared residual, mean ± 1 std over 10 seeds").show()
+curves("template_kl", "Template KL (learning tax), mean ± 1 std over 10 seeds").show()
+
+# %% [markdown]
+# The template KL curves' means differ, but their bands overlap widely: the seed-to-seed spread is as
+# large as the gap. The paired difference (same seed in both arms) says how much of the gap is real:
+
+# %%
+kl = {arm: [rows[-1]["template_kl"] for rows in rs] for arm, rs in runs.items()}
+d = paired_difference(kl["random mini-batches"], kl["query-preserved mini-batches"])
+print(f"template KL at step {STEPS}, random − query-preserved, paired over 10 seeds: "
+      f"{d.mean:+.3f}, 95% CI [{d.low:+.3f}, {d.high:+.3f}], seeds +/−: {d.n_pos}/{d.n_neg}")  # fmt: skip
+
+# %% [markdown]
+# Ten seeds cannot tell a cost from noise here. `experiments/` ran this comparison (32 completions per
+# step, 2 mini-batches, 100 steps) on 256 fresh seeds; its report, quoted as written:
+
+# %%
+report_rows("toy_batching", "query-preserved")
+
+# %% [markdown]
+# The residual difference holds; a difference in speed or final reward was not found (the report's
+# results table for this study also lists the template KL at E[R] ≥ 0.9 per arm, with overlapping
+# CIs). The broken events are a minority of all shared events here, and on this toy the drift they
+# cause largely averages out over steps.
 #
 # ## 4. Reward-balanced batching
 #
@@ -191,20 +238,26 @@ fig.show()
 buffer_rewards = torch.tensor([1, 1, 1, 1, 0, 0, 0, 0, 1, 0, 1, 1, 1, 1, 1, 1, 0, 1, 0, 0], dtype=f64)
 buffer_group = torch.tensor([0] * 4 + [1] * 4 + [2] * 4 + [3] * 4 + [4] * 4)
 buffer_adv = group_advantages(buffer_rewards, buffer_group)
-for g in range(5):
-    print(f"group {g}: rewards {buffer_rewards[buffer_group == g].int().tolist()}")
+table([{"group": g, "rewards": buffer_rewards[buffer_group == g].int().tolist()} for g in range(5)])
+rows = []
 for rho, k in ((0.25, 2), (0.25, 3), (0.4, 3)):
     sel = reward_balanced_select(buffer_adv, buffer_group, rho, k)
-    chosen = None if sel is None else sorted(set(buffer_group[sel].tolist()))
-    print(f"ρ = {rho}, {k} groups -> {chosen}")
+    rows.append(
+        {
+            "ρ": rho,
+            "groups wanted": k,
+            "selected": None if sel is None else sorted(set(buffer_group[sel].tolist())),
+        }
+    )
+table(rows)
 
 # %% [markdown]
-# In training (`equivalent_solutions`, whose reward saturates quickly, 2 groups of 4 per step):
+# In training (`equivalent_solutions`, whose reward saturates quickly, 2 groups of 4 per step, 5
+# seeds × 100 steps):
 
 # %%
-print(f"{'ρ':>5} {'updates':>8} {'with signal':>12} {'zero-Â groups':>14} {'steps→0.9':>10} {'equiv. H':>9}")
-for rho in (None, 0.25):
-    rb = [
+rb = {
+    rho: [
         simulate(
             "equivalent_solutions",
             "grpo",
@@ -216,86 +269,125 @@ for rho in (None, 0.25):
         )
         for s in range(5)
     ]
-    updates = statistics.mean(sum(r["updated"] for r in rows) for rows in rb)
-    signal = statistics.mean(
-        sum(1 for r in rows if r["updated"] and r["zero_adv_group_frac"] < 1) for rows in rb
-    )
-    zero_frac = statistics.mean(r["zero_adv_group_frac"] for rows in rb for r in rows if r["updated"])
+    for rho in (None, 0.25)
+}
+
+# %%
+rows = []
+for rho, rs in rb.items():
     hits = [
-        steps_to_threshold([r["expected_reward"] for r in rows], 0.9, [r["step"] for r in rows])
-        for rows in rb
+        steps_to_threshold([r["expected_reward"] for r in rows_], 0.9, [r["step"] for r in rows_])
+        for rows_ in rs
     ]
-    entropy = statistics.mean(rows[-1]["equiv_entropy"] for rows in rb)
-    steps = statistics.mean(hits)
-    print(f"{rho!s:>5} {updates:8.1f} {signal:12.1f} {zero_frac:14.2f} {steps:10.1f} {entropy:9.3f}")
+    rows.append({
+        "ρ": "off" if rho is None else rho,
+        "updates": statistics.mean(sum(r["updated"] for r in rows_) for rows_ in rs),
+        "with signal": statistics.mean(sum(r["updated"] and r["zero_adv_group_frac"] < 1 for r in rows_) for rows_ in rs),
+        "zero-Â groups per update": statistics.mean(r["zero_adv_group_frac"] for rows_ in rs for r in rows_ if r["updated"]),
+        "steps→0.9": statistics.mean(hits),
+        "equiv. entropy": statistics.mean(rows_[-1]["equiv_entropy"] for rows_ in rs),
+    })  # fmt: skip
+table(rows)
+zero_frac = rows[0]["zero-Â groups per update"]
 
 # %% [markdown]
-# Reward-balanced batching turns a run of mostly empty updates (88 % of the groups in an update had
-# $\hat A \equiv 0$ once the reward saturated) into fewer updates that all carry signal, and reaches the
-# threshold about as fast. Honest caveat: with group-relative advantages **every group that carries
-# signal already contains both signs**, so on whole-group events it adds no cancellation that GRPO did
-# not already have. Its effect is on the composition of the batch (no all-zero groups diluting the
-# token-mean, both signs for the *cross-group* coupling that the paper analyses at LM scale), which the
-# tabular toy, with no parameters shared across prompts, cannot show.
-#
+# Reward-balanced batching turns a run of mostly empty updates (without it, the `zero-Â groups per
+# update` column: most groups in an update had $\hat A \equiv 0$ once the reward saturated) into fewer
+# updates that all carry signal, and reaches the threshold about as fast here. Honest caveat: with
+# group-relative advantages **every group that carries signal already contains both signs**, so on
+# whole-group events it adds no cancellation that GRPO did not already have. Its effect is on the
+# composition of the batch (no all-zero groups diluting the token-mean, both signs for the
+# *cross-group* coupling that the paper analyses at LM scale), which the tabular toy, with no
+# parameters shared across prompts, cannot show. On `template_task` over 256 seeds the report
+# finds it slower, not faster:
+
+# %%
+print(f"without reward-balanced batching, {zero_frac:.0%} of the groups in an update had Â ≡ 0")
+report_rows("toy_batching", "reward-balanced")
+
+# %% [markdown]
 # ## Exercises
 #
 # Write the body of each `my_*` function (until you do, it raises `NotImplementedError`), run its
-# cell, then run the check cell below it: it prints ✓ or says what is missing or wrong. A worked
-# solution is in `tutorials/solutions/06_batching.py`; try first.
+# cell, then run the check cell below it: it prints ✓ or says what is missing or wrong. The checks
+# compare with answers worked out by hand (in their comments). A worked solution is in
+# `tutorials/solutions/06_batching.py`; try first.
 #
-# **Exercise 6.1 — break cancellation on purpose.** The paper verifies the failure mode by splitting each
-# batch **by advantage sign**: all $\hat A > 0$ completions in one mini-batch, the rest in another.
-# Write `my_sign_split(adv)` returning those two index tensors. The check measures the first-epoch
-# whole-group residual of your split with the library: with no opposite signs ever in one step, no
-# shared event can cancel (residual 1).
+# **Exercise 6.1 — break cancellation on purpose.** The paper verifies the failure mode by splitting
+# the batch **by advantage sign**: all $\hat A > 0$ completions of the batch, whatever their group, in
+# one mini-batch, the rest ($\hat A \le 0$) in another. Write `my_sign_split(adv, group)` returning
+# those two index tensors, in that order (`group` is there because the usual splits follow it; this
+# one does not). The check also measures the first-epoch whole-group residual of your split of
+# section 1's batch with the library: with no opposite signs ever in one step, no shared event can
+# cancel (residual 1).
 
 
 # %%
-def my_sign_split(adv: torch.Tensor) -> list[torch.Tensor]:
-    """[indices with Â > 0, indices with Â ≤ 0]."""
+def my_sign_split(adv: torch.Tensor, group: torch.Tensor) -> list[torch.Tensor]:
+    """[indices with Â > 0, indices with Â ≤ 0] of the whole batch."""
     raise NotImplementedError("Exercise 6.1: replace this line with your code")
 
 
 # %%
 with check("6.1"):
-    parts = my_sign_split(adv)
-    ensure(
-        isinstance(parts, (list, tuple)) and all(isinstance(p, torch.Tensor) for p in parts),
-        f"expected a list of index tensors, got {type(parts).__name__}",
-        kind="wrong type",
+    # by hand: three groups of 4, the middle one all Â = 0
+    adv_ex = torch.tensor([0.87, -0.87, 0.87, -0.87, 0.0, 0.0, 0.0, 0.0, 1.5, -0.5, -0.5, -0.5], dtype=f64)
+    group_ex = torch.arange(3).repeat_interleave(4)
+    want = [[0, 2, 8], [1, 3, 4, 5, 6, 7, 9, 10, 11]]
+    parts = my_sign_split(adv_ex, group_ex)
+    ensure(isinstance(parts, (list, tuple)) and all(isinstance(p, torch.Tensor) for p in parts),
+           f"expected a list of index tensors, got {type(parts).__name__}", "wrong type")  # fmt: skip
+    per_group = all(len(set(group_ex[p].tolist())) == 1 for p in parts)
+    ensure(len(parts) == 2, f"{len(parts)} mini-batches: a split by sign has exactly 2, every Â > 0 "
+           "completion of the batch in the first and the rest in the second"
+           + (" (yours keep one group per mini-batch: the split by sign mixes the groups)" if per_group else ""))  # fmt: skip
+    expect_equal(
+        sorted(parts[0].tolist()), want[0], "the first mini-batch (Â > 0)", at=f"for Â = {adv_ex.tolist()}"
     )
-    ensure(
-        torch.equal(torch.cat(parts).long().sort().values, torch.arange(len(adv))),
-        "your parts are not a partition of the batch (every index 0 … N−1 exactly once)",
+    expect_equal(
+        sorted(parts[1].tolist()),
+        want[1],
+        "the second mini-batch (Â ≤ 0, Â = 0 included)",
+        at=f"for Â = {adv_ex.tolist()}",
     )
-    expect_close(first_epoch_residual(parts), 1.0, "the first-epoch whole-group residual of your split")
+    expect_close(
+        first_epoch_residual(my_sign_split(adv, group)),
+        1.0,
+        "the first-epoch whole-group residual of your split",
+    )
 
 # %% [markdown]
-# **Exercise 6.2 — the balance condition.** Write `my_is_balanced(adv, rho)` that says whether one
-# update batch satisfies the paper's condition: the fraction of positive advantages and the fraction of
-# negative advantages are both at least ρ, counting every completion (zero-advantage ones included)
-# in the denominator. The check asks the library's selector for the same verdict: treating the whole
-# batch as one group, `reward_balanced_select` can only select all of it or nothing.
+# **Exercise 6.2 — the balance condition.** Write `my_balance(adv, rho)` returning, for one update
+# batch, the positive fraction $N_\text{pos}/|\mathcal B|$, the negative fraction
+# $N_\text{neg}/|\mathcal B|$ and whether the paper's condition holds (both $\ge \rho$). A completion
+# with $\hat A = 0$ is neither positive nor negative, but it is in the batch: it counts in
+# $|\mathcal B|$.
 
 
 # %%
-def my_is_balanced(adv: torch.Tensor, rho: float) -> bool:
-    """The cancellation-hypothesis paper's condition (Sec. 4) on one update batch."""
+def my_balance(adv: torch.Tensor, rho: float) -> tuple[float, float, bool]:
+    """(N_pos / |B|, N_neg / |B|, both ≥ ρ) for one update batch (cancellation-hypothesis paper, Sec. 4)."""
     raise NotImplementedError("Exercise 6.2: replace this line with your code")
 
 
 # %%
 with check("6.2"):
-    batches = [adv, buffer_adv, buffer_adv[:12], buffer_adv[4:12], buffer_adv[:4]]
-    for rho in (0.1, 0.2, 0.25, 0.3, 0.4, 0.45, 0.5):
-        for batch in batches:
-            library = (
-                reward_balanced_select(batch, torch.zeros(len(batch), dtype=torch.long), rho, 1) is not None
-            )
-            expect_equal(
-                my_is_balanced(batch, rho),
-                library,
-                "the verdict",
-                at=f"at ρ = {rho} for Â = {[round(a, 3) for a in batch.tolist()]}",
-            )
+    # by hand: (Â, ρ) -> (N_pos/|B|, N_neg/|B|, verdict)
+    cases = [
+        ([1.0, 1.0, -1.0, -1.0], 0.5, (0.5, 0.5, True)),
+        ([0.0, 0.0, 0.5, -0.5], 0.3, (0.25, 0.25, False)),  # two Â = 0: 1 positive and 1 negative of 4
+        ([0.0] * 4 + [0.87, -0.87, 0.87, -0.87], 0.25, (0.25, 0.25, True)),
+        ([1.5, -0.5, -0.5, -0.5], 0.25, (0.25, 0.75, True)),
+        ([1.5, -0.5, -0.5, -0.5], 0.3, (0.25, 0.75, False)),
+    ]
+    for a, rho, (pos, neg, ok) in cases:
+        at = f"at Â = {a}, ρ = {rho}" + (" (Â = 0 is neither sign, but counts in |B|)" if 0.0 in a else "")
+        got = my_balance(torch.tensor(a, dtype=f64), rho)
+        ensure(
+            isinstance(got, (tuple, list)) and len(got) == 3,
+            f"expected (pos. fraction, neg. fraction, verdict), got {got!r}",
+            "wrong type",
+        )
+        expect_close(number(got[0], "N_pos/|B|"), pos, "N_pos/|B|", at=at)
+        expect_close(number(got[1], "N_neg/|B|"), neg, "N_neg/|B|", at=at)
+        expect_equal(got[2], ok, "the verdict", at=at)

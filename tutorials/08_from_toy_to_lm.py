@@ -47,11 +47,13 @@ import torch
 from exercise_check import check, ensure, expect_close, expect_equal  # the exercises' check cells
 from IPython.display import Markdown, display
 from plotly.subplots import make_subplots
+from show import report_rows, table  # tables, and quotes of experiments/REPORT.md
 
+from app.figures import PALETTE  # the app's colours
 from cancellation import group_advantages
 from cancellation.diagnostics import event_index, prefix_event_keys, shared_residual, steps_to_threshold
 from cancellation.objectives import sequence_log_ratio
-from cancellation.update import RESIDUAL_KEYS, CancellationMeter, coefficients
+from cancellation.update import CancellationMeter, coefficients
 from experiments.stats import markdown_table, paired_difference, summarize_arms
 from scaledrun import train as trainer
 from scaledrun.config import RunConfig
@@ -62,6 +64,7 @@ from scaledrun.tasks import format_prompt
 from scaledrun.tiny import build_tiny
 from toymodel import simulate_seeds
 
+# %%
 pio.renderers.default = "plotly_mimetype+notebook_connected"
 torch.set_num_threads(1)  # tiny tensors on a shared 2-core machine: one thread is fastest by far
 torch.set_printoptions(precision=4, sci_mode=False)
@@ -70,6 +73,14 @@ warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm in a ke
 warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")  # a peft/transformers notice
 WORK_DIR = tempfile.TemporaryDirectory(prefix="tutorial08-")  # removed when the kernel exits
 WORK = Path(WORK_DIR.name)
+#: one colour per arm in every figure: the app's palette, in the order of the Training lab's first screen
+COLOR = {
+    "GSPO": PALETTE[0],
+    "eq. 86 control": PALETTE[1],
+    "DFPO Min-Replace": PALETTE[2],
+    "GRPO (token-mean)": PALETTE[9],
+}
+COLOR.update(gspo=COLOR["GSPO"], dfpo=COLOR["DFPO Min-Replace"])  # the trainer's runs, by --objective
 
 # %% [markdown]
 # ## 1. A tiny language model and one group of completions
@@ -233,28 +244,23 @@ OBJECTIVES = {
     "eq. 86 control": ("gspo", {"estimator": "paper"}),
     "DFPO Min-Replace": ("dfpo", {"transform": "min_replace"}),
 }
-coefs, nets = {}, {}
-print(
-    f"{'objective':20} {'clip/frac':>9} {'shared':>7} {'group-shared':>12} {'sequence-net':>12}   "
-    f"net on each of the {int(prefix_pos.sum())} shared tokens"
-)
+coefs, nets, rows = {}, {}, []
 for name, (objective, params) in OBJECTIVES.items():
     co = coefficients(objective, logp, batch.old_logp, batch.advantages, mask, group, **params)
     coefs[name] = co.coef
     meter = CancellationMeter(keys, mask, group)
     meter.add(co.coef)
-    res = meter.totals.residuals()
     events = shared_residual(co.coef, keys, mask, min_count=G)
     nets[name] = events.net[events.count == G]  # in position order
-    print(
-        f"{name:20} {co.metrics['clip/frac']:9.2f} "
-        + " ".join(f"{res[k]:{w}.4f}" for k, w in zip(RESIDUAL_KEYS, (7, 12, 12), strict=True))
-        + f"   {[f'{v:+.1e}' for v in nets[name].tolist()]}"
-    )
+    rows.append({"objective": name, "clip/frac": co.metrics["clip/frac"], **meter.totals.residuals(),
+                 f"net on each of the {int(prefix_pos.sum())} shared tokens": [f"{v:+.1e}" for v in nets[name].tolist()]})  # fmt: skip
+table(rows)
 
+# %%
 fig = go.Figure()
 for name, c in coefs.items():
-    fig.add_bar(name=f"{name} (net {float(nets[name][0]):+.1e})", x=list(range(len(c))), y=c[:, 0].tolist())
+    fig.add_bar(name=f"{name} (net {float(nets[name][0]):+.1e})", x=list(range(len(c))), y=c[:, 0].tolist(),
+                marker_color=COLOR[name])  # fmt: skip
 fig.update_layout(
     barmode="group",
     title=f"∂J/∂logp of the first shared token ({tokenizer.decode(tokens[ref, :1])!r}), per completion",
@@ -284,7 +290,8 @@ fig.show()
 # * **GSPO's clip silences sequences.** With GSPO's ε = 3e-4 / 4e-4 and ratios already moved by four
 #   steps, the clip binds on most completions, which then get no gradient at all; the few that keep
 #   one do not balance. That is the residual DFPO's estimator removes.
-#
+
+# %% [markdown]
 # And one thing no meter here sees: the model's parameters are **shared by every token**. Two
 # different events (` answer` after two different prefixes) have different score directions that
 # still overlap, since both run through the same weights, so their updates interact although no
@@ -323,9 +330,8 @@ SHOWN = (
     "clip/low_frac",
     "clip/high_frac",
 )
-print(f"{'mean over 12 steps':20}" + "".join(f"{k:>22}" for k in SHOWN))
-for objective, rows in runs.items():
-    print(f"{objective:20}" + "".join(f"{sum(r[k] for r in rows) / len(rows):22.4f}" for k in SHOWN))
+table([{"objective (mean over 12 steps)": obj, **{k: sum(r[k] for r in rows) / len(rows) for k in SHOWN}}
+       for obj, rows in runs.items()])  # fmt: skip
 
 # %%
 fig = make_subplots(
@@ -333,7 +339,8 @@ fig = make_subplots(
     cols=2,
     subplot_titles=("reward/mean", "sequence_net_residual", "group_shared_residual", "clip/frac"),
 )
-for (objective, rows), color in zip(runs.items(), ("#1f77b4", "#d62728"), strict=True):
+for objective, rows in runs.items():
+    color = COLOR[objective]
     steps = [r["step"] for r in rows]
     for k, key in enumerate(("reward/mean", "sequence_net_residual", "group_shared_residual", "clip/frac")):
         fig.add_scatter(
@@ -368,7 +375,8 @@ fig.show()
 #   many seeds.
 #
 # The Runs page of the explorer (`make app`) reads run folders like these two.
-#
+
+# %% [markdown]
 # ## 4. One experiment's result: where the speed-up comes from
 #
 # DFPO changes two things at once relative to GSPO (tutorial 5): **the estimator** (every completion,
@@ -419,6 +427,7 @@ display(Markdown(markdown_table(rows)))
 # mean of steps is a restricted mean. The transform's own effect needs the control as the baseline:
 
 # %%
+rows = []
 for what, arm, base in (
     ("estimator: control − GSPO", "eq. 86 control", "GSPO"),
     ("transform: DFPO − control", "DFPO Min-Replace", "eq. 86 control"),
@@ -427,14 +436,20 @@ for what, arm, base in (
         d = paired_difference(
             measured[arm][key], measured[base][key], horizon=STEPS if key == STEPS_KEY else None
         )
-        print(
-            f"{what:26} {key:26} Δ = {d.mean:+9.4g}  95% CI [{d.low:+.3g}, {d.high:+.3g}]  "
-            f"seeds +/−/tie {d.n_pos:2d}/{d.n_neg:2d}/{d.n_ties:2d}  sign p {d.sign_p:.2g}"
-        )
+        rows.append({"effect": what, "measure": key, "Δ": d.mean, "95% CI": f"[{d.low:+.3g}, {d.high:+.3g}]",
+                     "seeds +/−/tie": f"{d.n_pos}/{d.n_neg}/{d.n_ties}", "sign p": d.sign_p})  # fmt: skip
+table(rows)
 
+# %%
 fig = go.Figure(
     [
-        go.Box(y=list(measured[name][STEPS_KEY].values()), name=name, boxpoints="all", jitter=0.4)
+        go.Box(
+            y=list(measured[name][STEPS_KEY].values()),
+            name=name,
+            boxpoints="all",
+            jitter=0.4,
+            marker_color=COLOR[name],
+        )
         for name in ARMS
     ]
 )
@@ -444,42 +459,49 @@ fig.update_layout(
 fig.show()
 
 # %% [markdown]
+# Sixty-four seeds give the direction; `experiments/` ran the comparison on 1024 fresh seeds (and the
+# language-model sweep of `experiments/lm_power.py` on 30). Its report, quoted as written:
+
+# %%
+report_rows("toy_main", "Min-Replace reaches")
+report_rows("toy_main", "learning tax")
+report_rows("lm_power", "DFPO")
+
+# %% [markdown]
 # What it shows, and what it does not:
 #
-# * **The speed-up is the estimator's.** The control, which has no transform, reaches the threshold
-#   about four times sooner than GSPO on every seed, and it pays for it: a template KL (the learning
-#   tax, drift on reward-irrelevant tokens) several times GSPO's at the moment it gets there. GSPO's
-#   clip silences most sequences after the first inner step; the estimator keeps their gradient,
-#   i.e. takes larger steps.
+# * **The speed-up is the estimator's.** In the tables above the control, which has no transform,
+#   reaches the threshold far sooner than GSPO, seed for seed, and it pays for it with a larger template
+#   KL (the learning tax, drift on reward-irrelevant tokens) at the moment it gets there. GSPO's clip
+#   silences most sequences after the first inner step; the estimator keeps their gradient, i.e. takes
+#   larger steps.
 # * **The transform's own effect is the last bit of cancellation.** DFPO takes the control's small
-#   group-shared residual (its $\bar s_i$ stay within about ε of each other) to 0, on every seed. The
-#   steps to the threshold do not change (as many seeds faster as slower, many tied). DFPO's template
-#   KL is lower on more seeds than not (the sign test's p is small), but the mean difference is
-#   about 1 % of the control's KL, with a bootstrap CI around 0: if the transform lowers the learning
-#   tax here, it is by a small amount.
+#   group-shared residual to 0 on every seed; its steps to the threshold and its template KL differ
+#   from the control's by amounts whose CIs straddle 0 (the report on 1024 seeds: not resolved).
 # * So on the toy, **the estimator, not the transform, explains DFPO's advantage over GSPO**, and the
-#   learning tax goes the "wrong" way: faster learning, more drift. That DFPO's faster learning
-#   comes from cancelling the shared tokens is not what this measurement supports; whether the
-#   transform adds something at language-model scale, where lengths differ and the parameters are
-#   shared (section 2), is what the LM sweep asks.
+#   learning tax goes the "wrong" way (the report: contradicted). On the language model, the report's
+#   `lm_power` rows resolve no difference between DFPO and the control, and find DFPO's final avg@k
+#   *below* GSPO's.
 #
-# The README's "Measured results" (10 seeds, `python -m toymodel template_task --compare`) and the
-# Training lab's first screen state the same. The full study, with Table 3's ablations, group sizes,
-# batching, AR/Lopti, aggregations and clip ranges on hundreds of seeds and the LM sweep, is
-# `make experiments`, written up in `experiments/REPORT.md`.
-#
+# The Training lab's first screen shows the same toy comparison. The full study (Table 3's ablations,
+# group sizes, batching, AR/Lopti, aggregations and clip ranges on hundreds of seeds and the LM
+# sweeps) is `make experiments`, written up in `experiments/REPORT.md`.
+
+# %% [markdown]
 # ## Exercises
 #
 # Write the body of each `my_*` function (until you do, it raises `NotImplementedError`), run its
-# cell, then run the check cell below it: it prints ✓ or says what is missing or wrong. A worked
-# solution is in `tutorials/solutions/08_from_toy_to_lm.py`; try first.
+# cell, then run the check cell below it: it prints ✓ or says what is missing or wrong. The checks
+# start from answers worked out by hand (in their comments). A worked solution is in
+# `tutorials/solutions/08_from_toy_to_lm.py`; try first.
 #
 # **Exercise 8.1 — the shared prefix by hand.** Write `my_shared_prefix_net(coef, tokens, mask)` that
 # takes one group's `(G, T)` coefficients, token ids and mask and returns the net coefficient
 # $\sum_i c_{i,t}$ at every position $t$ of the group's common prefix (the positions where every
 # completion has a token and all completions agree on every token up to and including $t$), as a
-# tensor of shape `(L,)`. The check compares with the library's whole-group events
-# (`prefix_event_keys` + `shared_residual`) for the four objectives of section 2.
+# tensor of shape `(L,)`. The check starts with three hand-made groups, then compares with the
+# library's whole-group events (`prefix_event_keys` + `shared_residual`) for the four objectives of
+# section 2.
 
 
 # %%
@@ -490,6 +512,23 @@ def my_shared_prefix_net(coef: torch.Tensor, tokens: torch.Tensor, mask: torch.T
 
 # %%
 with check("8.1"):
+    hand = [  # (tokens, mask, coef, the nets worked out by hand, what the case tests)
+        ([[5, 7, 9, 2], [5, 7, 9, 3], [5, 7, 4, 4]], [[1] * 4] * 3,
+         [[0.1, 0.2, 0.3, 0.4], [0.5, 0.6, 0.7, 0.8], [-0.9, -1.0, -1.1, -1.2]], [-0.3, -0.2],
+         "three completions diverging at position 2"),
+        ([[5, 7, 9, 2], [5, 8, 9, 2]], [[1] * 4] * 2, [[1.0, 2.0, 3.0, 4.0], [10.0, 20.0, 30.0, 40.0]], [11.0],
+         "completions that agree again at positions 2-3 after diverging at 1: no longer a common prefix"),
+        ([[5, 7, 9, 9], [5, 7, 9, 9]], [[1, 1, 1, 1], [1, 1, 0, 0]], [[1.0, 2.0, 3.0, 4.0], [10.0, 20.0, 0.0, 0.0]],
+         [11.0, 22.0], "a group whose completion 1 ends after 2 tokens (its padding, here the same id 9, is no token)"),
+    ]  # fmt: skip
+    for tok, msk, c, want, what in hand:
+        got = my_shared_prefix_net(torch.tensor(c, dtype=torch.float64), torch.tensor(tok), torch.tensor(msk))
+        expect_close(
+            got,
+            torch.tensor(want, dtype=torch.float64),
+            "the net coefficients of the common prefix",
+            at=f"for {what}",
+        )
     for name, c in coefs.items():
         events = shared_residual(c, keys, mask, min_count=G)
         expected = events.net[events.count == G]  # events every completion contains, in position order
@@ -497,42 +536,88 @@ with check("8.1"):
         expect_close(got, expected, "the net coefficients of the common prefix", at=f"for {name}", atol=1e-7)
 
 # %% [markdown]
-# **Exercise 8.2 — count the seeds.** The sign test of `paired_difference` (the p-value the module
-# recommends for censored measures) rests on three counts: the seeds where the arm is larger than the
-# baseline, smaller, and tied. Write `my_sign_counts(arm, baseline)` for two dictionaries seed →
-# steps to the threshold, `math.inf` for a seed that never reached it. Pair the values **by seed**
-# (the check hands you the baseline in another order), and count two seeds that both never reached
-# the threshold as a tie. The check compares with `paired_difference`'s `n_pos`, `n_neg`, `n_ties` on
-# the measured arms (every seed reached the threshold there) and on two hand-made arms of a 50-step
-# run in which some seeds never did.
+# **Exercise 8.2 — the signs behind the sign test.** The sign test of `paired_difference` (the
+# p-value the module recommends for censored measures) rests on the sign of arm − baseline on every
+# seed; the library hands over only their counts. Write `my_signs(arm, baseline)` for two dictionaries
+# seed → steps to the threshold (`math.inf` for a seed that never reached it), returning a dictionary
+# seed → +1, −1 or 0 (a tie). Pair the values **by seed** (the check hands you the baseline in another
+# order), and count two seeds that both never reached the threshold as a tie. The check compares with
+# hand-worked signs, then your signs' counts with `paired_difference`'s `n_pos`, `n_neg`, `n_ties` on
+# the measured arms.
 
 
 # %%
-def my_sign_counts(arm: dict[int, float], baseline: dict[int, float]) -> tuple[int, int, int]:
-    """(seeds with arm > baseline, seeds with arm < baseline, ties), matched by seed."""
+def my_signs(arm: dict[int, float], baseline: dict[int, float]) -> dict[int, int]:
+    """Seed → sign of arm − baseline (+1, −1, 0 for a tie), matched by seed; inf vs inf is a tie."""
     raise NotImplementedError("Exercise 8.2: replace this line with your code")
 
 
 # %%
 with check("8.2"):
-    cases = [
-        (measured[arm][STEPS_KEY], measured[base][STEPS_KEY], STEPS, f"for {arm} vs {base}")
-        for arm, base in (("eq. 86 control", "GSPO"), ("DFPO Min-Replace", "eq. 86 control"))
-    ]
     hand_arm = {0: 12.0, 1: math.inf, 2: math.inf, 3: 30.0, 4: 41.0}
     hand_base = {0: 12.0, 1: 40.0, 2: math.inf, 3: 25.0, 4: math.inf}
-    cases.append((hand_arm, hand_base, 50, f"for the hand-made arms {hand_arm} vs {hand_base}"))
-    for arm, base, horizon, at in cases:
-        d = paired_difference(arm, base, horizon=horizon)
-        got = my_sign_counts(arm, dict(reversed(list(base.items()))))
-        ensure(
-            isinstance(got, (tuple, list)) and len(got) == 3,
-            f"expected a tuple of three counts, got {type(got).__name__} {got!r}",
-            kind="wrong type",
-        )
+    want = {0: 0, 1: 1, 2: 0, 3: 1, 4: -1}  # by hand: equal; never vs 40; both never; 30 > 25; 41 vs never
+    got = my_signs(hand_arm, dict(reversed(list(hand_base.items()))))
+    ensure(
+        isinstance(got, dict),
+        f"expected a dictionary seed → sign, got {type(got).__name__} {got!r}",
+        "wrong type",
+    )
+    ensure(
+        sorted(got) == sorted(want), f"expected one sign per seed {sorted(want)}, got the keys {sorted(got)}"
+    )
+    for seed, sign in want.items():
+        note = " (both never reached: a tie)" if seed == 2 else ""
         expect_equal(
-            tuple(int(x) for x in got),
-            (d.n_pos, d.n_neg, d.n_ties),
-            "the counts (larger, smaller, tied)",
-            at=at,
+            got[seed],
+            sign,
+            f"the sign of seed {seed}",
+            at=f"(arm {hand_arm[seed]}, baseline {hand_base[seed]}{note})",
         )
+    for arm, base in (("eq. 86 control", "GSPO"), ("DFPO Min-Replace", "eq. 86 control")):
+        signs = list(my_signs(measured[arm][STEPS_KEY], measured[base][STEPS_KEY]).values())
+        d = paired_difference(measured[arm][STEPS_KEY], measured[base][STEPS_KEY], horizon=STEPS)
+        counts = (signs.count(1), signs.count(-1), signs.count(0))
+        expect_equal(
+            counts,
+            (d.n_pos, d.n_neg, d.n_ties),
+            "the counts of your signs (+1, −1, 0)",
+            at=f"for {arm} vs {base}",
+        )
+
+# %% [markdown]
+# ## 5. On a GPU: the same comparison at language-model scale
+#
+# Everything above ran on a CPU. With one GPU (an 80 GB H100, say) the trainer runs the same three arms
+# on a real model. A recipe, from `scaledrun/config.py`'s `PRESETS` and [docs/trainer.md](../docs/trainer.md):
+#
+# * **Preset**: `--preset qwen2.5-0.5b-instruct` (bf16, LoRA r 16, lr 1e-5, 256 new tokens; the hub model
+#   downloads on first use) on the default `arithmetic` task with `exact_match`, over the off-policy
+#   config `scaledrun/configs/offpolicy.yaml`: 4 inner epochs × 2 query-preserved mini-batches, so the
+#   ratios leave 1 and the objectives differ (on the on-policy `default.yaml` they cannot).
+# * **Objectives**: GSPO (`--objective gspo`), the eq. 86 control (`--objective gspo --estimator
+#   paper`) and DFPO Min-Replace (`--objective dfpo`), the three arms of section 4.
+# * **Seeds**: at least 3 per arm (`--seed 0..2`), the same seeds in every arm, so that the arms can be
+#   paired by seed as in section 4; one seed says nothing (section 3).
+
+# %% [markdown]
+# ```bash
+# for seed in 0 1 2; do
+#   for arm in "gspo:--objective gspo" "control:--objective gspo --estimator paper" "dfpo:--objective dfpo"; do
+#     accelerate launch --num_processes 1 --mixed_precision no --dynamo_backend no -m scaledrun.train \
+#       --config scaledrun/configs/offpolicy.yaml --preset qwen2.5-0.5b-instruct ${arm#*:} \
+#       --seed $seed --output_dir runs/gpu/${arm%%:*}/seed$seed
+#   done
+# done
+# make app          # then the Runs page, folder runs/gpu
+# ```
+#
+# (`--mixed_precision no`: the preset's bf16 is the model's own dtype; for N GPUs,
+# `--config_file scaledrun/accelerate/ddp.yaml --num_processes N`, docs/trainer.md.)
+#
+# **Reading the Runs page.** Point its folder at `runs/gpu`: the runs appear as `gspo/seed0`,
+# `control/seed0`, … (an arm / seed layout two levels down). Pick all nine. Its curves are the toy's
+# (`reward/mean` and the three cancellation meters, `clip/frac`, …), one line per run; its table
+# compares steps to a reward threshold and Jitter₂ side by side. Expect DFPO's `sequence_net_residual`
+# at 0 and GSPO's well above it (section 3), the control in between on `group_shared_residual`; whether
+# the reward curves separate, compare seed for seed, as section 4 did on the toy.

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Wrong", "check", "ensure", "expect_close", "expect_equal", "number"]
+__all__ = ["Wrong", "check", "ensure", "expect_close", "expect_equal", "number", "reject", "switched_off"]
 
 #: tensors with at most this many entries are printed in full in a "wrong value" message
 _PRINT_NUMEL = 16
@@ -155,6 +155,56 @@ def expect_equal(got: Any, expected: Any, what: str, *, at: str = "") -> None:
             raise Wrong(f"wrong type — {where}: expected True or False, got {type(got).__name__} {got!r}")
     if got != expected:
         raise Wrong(f"wrong value — {where}: expected {expected!r}, got {got!r}")
+
+
+def reject(got: Any, mistake: Any, message: str, *, atol: float = 1e-12, rtol: float = 1e-5) -> None:
+    """Raise :class:`Wrong` ("wrong value — <message>") when ``got`` equals ``mistake``, the value a known
+    mistake gives (hand-written in the check cell), so the message can say what the mistake is.
+
+    Call it before :func:`expect_close`. It does nothing when ``got`` cannot be compared with ``mistake``
+    (another type or shape: ``expect_close`` reports those).
+    """
+    try:
+        bad = mistake if isinstance(mistake, torch.Tensor) else torch.tensor(mistake, dtype=torch.float64)
+        value = got.detach() if isinstance(got, torch.Tensor) else torch.as_tensor(got, dtype=bad.dtype)
+    except (TypeError, ValueError, RuntimeError):
+        return
+    if value.numel() != bad.numel() or (value.shape != bad.shape and bad.numel() != 1):
+        return
+    if not (value.dtype.is_floating_point or value.dtype == bad.dtype):
+        return
+    if torch.allclose(value.reshape(bad.shape).to(bad.dtype), bad, rtol=rtol, atol=atol):
+        raise Wrong(f"wrong value — {message}")
+
+
+@contextmanager
+def switched_off(namespace: dict[str, Any], *names: str) -> Iterator[None]:
+    """Inside the block, each of ``names`` in ``namespace`` (the notebook's ``globals()``) raises
+    :class:`Wrong` ("wrong approach — ..."): an exercise that asks you to write the math yourself
+    switches off the library function that would hand the answer over in one call. Put it inside
+    ``check(...)``: ``with check("1.1"):`` then ``    with switched_off(globals(), "group_advantages"):``.
+    """
+    saved = {name: namespace[name] for name in names if name in namespace}
+
+    def off(name: str) -> Any:
+        def stub(*args: Any, **kwargs: Any) -> Any:
+            raise Wrong(
+                f"wrong approach — `{name}` hands the answer over in one call and is switched off during "
+                "this check: write the formula yourself (a few tensor operations)"
+            )
+
+        return stub
+
+    for name in names:
+        namespace[name] = off(name)
+    try:
+        yield
+    finally:
+        for name in names:
+            if name in saved:
+                namespace[name] = saved[name]
+            else:
+                namespace.pop(name, None)
 
 
 def _describe(t: torch.Tensor) -> str:

@@ -17,11 +17,12 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["fmt", "table"]
+__all__ = ["fmt", "report_rows", "table"]
 
 
 def fmt(x: Any, digits: int = 4) -> str:
@@ -54,3 +55,28 @@ def table(
     print("  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)).rstrip())
     for line in cells:
         print("  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip())
+
+
+#: the experiment report whose "Summary of predictions" table ``report_rows`` quotes
+REPORT = Path(__file__).resolve().parents[1] / "experiments" / "REPORT.md"
+
+
+def report_rows(study: str, *words: str) -> None:
+    """Quote ``experiments/REPORT.md``: the rows of its "Summary of predictions" for ``study`` whose
+    prediction contains every one of ``words`` (case-insensitive), as a ``table`` of the prediction,
+    Δ (arm − baseline), its 95 % interval, the seeds and the verdict. Nothing is recomputed."""
+    rows = []
+    for line in REPORT.read_text(encoding="utf-8").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        if len(cells) != 12 or cells[2] != study:
+            continue
+        prediction = cells[0].replace("\\|", "|").split(" _(")[0]
+        if all(w.lower() in prediction.lower() for w in words):
+            rows.append({"prediction (REPORT.md)": prediction, "Δ": cells[4], "95% interval": cells[5],
+                         "seeds": cells[6], "verdict": cells[11]})  # fmt: skip
+    if not rows:  # a tutorial quoting a row the report no longer has must not go quiet
+        raise ValueError(
+            f"experiments/REPORT.md has no prediction of study {study!r} containing {list(words)}: "
+            "rebuild the report (python -m experiments --report-only) or update the quote"
+        )
+    table(rows)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
 import torch
 
 _spec = importlib.util.spec_from_file_location(
@@ -30,3 +31,14 @@ def test_table_aligns_columns_in_the_given_order(capsys) -> None:
     assert lines == ["residual  arm", "0         grpo", "0.304     gspo"]
     show.table([])
     assert capsys.readouterr().out == "(no rows)\n"
+
+
+def test_report_rows_quotes_the_report_and_refuses_a_missing_row(capsys) -> None:
+    show.report_rows("toy_main")
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("prediction (REPORT.md)") and len(out) > 1
+    report = show.REPORT.read_text(encoding="utf-8")
+    for line in out[1:]:  # every quoted prediction is a row of the report's summary
+        assert line.split("  ")[0].strip()[:40] in report
+    with pytest.raises(ValueError, match="no prediction of study 'toy_main'"):
+        show.report_rows("toy_main", "no such words anywhere")

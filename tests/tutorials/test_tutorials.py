@@ -63,91 +63,480 @@ CORRECT = "✓ correct"
 #: Deliberately wrong answers, each with the words its check must print after "✗ Exercise N.M: ".
 WRONG_ANSWERS: dict[str, list[tuple[str, str]]] = {
     "01_advantages_and_score_function": [
+        (  # the rows that are not valid counted in their group's mean and std
+            "def my_group_advantages(rewards, group, valid):\n"
+            "    adv = torch.zeros_like(rewards)\n"
+            "    for g in torch.unique(group):\n"
+            "        r = rewards[group == g]\n"
+            "        adv[group == g] = (r - r.mean()) / (r.std() + 1e-6)\n"
+            "    return adv * valid\n",
+            "wrong value — Â: the rows with valid = False took part",
+        ),
+        (  # the population std
+            "def my_group_advantages(rewards, group, valid):\n"
+            "    adv = torch.zeros_like(rewards)\n"
+            "    for g in torch.unique(group):\n"
+            "        rows = (group == g) & valid\n"
+            "        if rows.sum() > 1:\n"
+            "            r = rewards[rows]\n"
+            "            adv[rows] = (r - r.mean()) / (r.std(unbiased=False) + 1e-6)\n"
+            "    return adv\n",
+            "wrong value — Â: you divided by the population std",
+        ),
+        (  # a group with one valid row: std of one value is NaN
+            "def my_group_advantages(rewards, group, valid):\n"
+            "    adv = torch.zeros_like(rewards)\n"
+            "    for g in torch.unique(group):\n"
+            "        rows = (group == g) & valid\n"
+            "        r = rewards[rows]\n"
+            "        adv[rows] = (r - r.mean()) / (r.std() + 1e-6)\n"
+            "    return adv\n",
+            "wrong value — Â has NaN",
+        ),
+        (  # the library's one call, which the check switches off
+            "def my_group_advantages(rewards, group, valid):\n"
+            "    return group_advantages(rewards, group, valid=valid)\n",
+            "wrong approach — `group_advantages`",
+        ),
         (  # one coefficient per completion instead of per token
-            "def my_coefficients(adv, logp, mask):\n    return adv / mask.sum()\n",
+            "def my_coefficients(adv, mask, aggregation):\n    return adv / mask.sum()\n",
             "wrong shape",
         ),
+        (  # no mask: padding gets a coefficient
+            "def my_coefficients(adv, mask, aggregation):\n"
+            "    if aggregation == 'token-mean':\n"
+            "        return adv[:, None].expand_as(mask) / mask.sum()\n"
+            "    return adv[:, None].expand_as(mask) / (mask.sum(-1, keepdim=True) * len(adv))\n",
+            "wrong value — token-mean: your coefficients are not 0 on padding",
+        ),
+        (  # seq-mean-token-mean's normaliser Â_i/(T_i·G) for both aggregations
+            "def my_coefficients(adv, mask, aggregation):\n"
+            "    return adv[:, None] * mask / mask.sum(-1, keepdim=True) / len(adv)\n",
+            "wrong value — token-mean: these are the other aggregation's coefficients",
+        ),
         (  # the token-sum surrogate: no 1/N
-            "def my_coefficients(adv, logp, mask):\n    return adv[:, None] * mask\n",
-            "wrong value — ∂J/∂logp of every token: ",
+            "def my_coefficients(adv, mask, aggregation):\n    return adv[:, None] * mask\n",
+            "wrong value — ∂J/∂logp of every token for token-mean: ",
+        ),
+        (  # the library's coefficients, switched off during the check
+            "def my_coefficients(adv, mask, aggregation):\n"
+            "    logp = torch.zeros_like(mask)\n"
+            "    g = torch.zeros(len(adv), dtype=torch.long)\n"
+            "    return token_coefficients('grpo', logp, logp, adv, mask, g, aggregation=aggregation)\n",
+            "wrong approach — `token_coefficients`",
+        ),
+        (  # every position, padding included
+            "def my_event_nets(adv, keys, mask):\n"
+            "    ids, inv = torch.unique(keys.flatten(), return_inverse=True)\n"
+            "    a = adv[:, None].expand_as(mask).flatten()\n"
+            "    return torch.zeros(len(ids), dtype=adv.dtype).index_add_(0, inv, a) / mask.sum()\n",
+            "wrong value — the nets of events 12 and 13 count the padding",
+        ),
+        (  # the mean advantage of each event instead of the sum / N
+            "def my_event_nets(adv, keys, mask):\n"
+            "    valid = mask.bool()\n"
+            "    ids, inv = torch.unique(keys[valid], return_inverse=True)\n"
+            "    a = adv[:, None].expand_as(mask)[valid]\n"
+            "    s = torch.zeros(len(ids), dtype=adv.dtype).index_add_(0, inv, a)\n"
+            "    return s / torch.bincount(inv).to(adv.dtype)\n",
+            "wrong value — Σ Â / N of every event",
         ),
     ],
     "02_shared_prefix_and_sequence_coupling": [
-        (  # a sign flip
-            "def my_shared_net(rho1, rho2, lam1, lam2):\n"
-            "    new, old = shared_prefix_policies(rho1, rho2, lam1, lam2)\n"
-            "    lp, olp = policy.token_logp(new, idx), policy.token_logp(old, idx)\n"
-            '    c = token_coefficients("gspo", lp, olp, adv, mask, group, length_norm=False, **NO_CLIP)\n'
-            "    return -float(c[:, 1].sum())\n",
-            "wrong value",
+        (  # the ratio-1 coefficients of tutorial 1: the ratios forgotten
+            "def my_coefficients(rho1, rho2, lam1, lam2, objective):\n"
+            "    adv = torch.tensor([[-1.0], [1.0]], dtype=torch.float64)\n"
+            "    n = 6 if objective == 'grpo' else 2\n"
+            "    return (adv / n).expand(2, 3)\n",
+            "wrong value — grpo: these are the coefficients at ratio 1",
+        ),
+        (  # each token its own ratio under the sequence weight, as in GRPO
+            "def my_coefficients(rho1, rho2, lam1, lam2, objective):\n"
+            "    r = torch.tensor([[rho1, rho2, lam1], [rho1, rho2, lam2]], dtype=torch.float64)\n"
+            "    adv = torch.tensor([[-1.0], [1.0]], dtype=torch.float64)\n"
+            "    return adv * r / (6 if objective == 'grpo' else 2)\n",
+            "wrong value — seq: each token of τ_i got its own ratio",
+        ),
+        (  # GRPO's 1/G instead of token-mean's 1/N
+            "def my_coefficients(rho1, rho2, lam1, lam2, objective):\n"
+            "    r = torch.tensor([[rho1, rho2, lam1], [rho1, rho2, lam2]], dtype=torch.float64)\n"
+            "    adv = torch.tensor([[-1.0], [1.0]], dtype=torch.float64)\n"
+            "    if objective == 'grpo':\n"
+            "        return adv * r / 2\n"
+            "    return (adv * r.prod(-1, keepdim=True) / 2).expand(2, 3)\n",
+            "wrong value — c_(i,t) of grpo at (ρ1, ρ2, λ1, λ2) = (1.2, 0.75, 1.4, 0.6): expected [[-0.2",
+        ),
+        (  # eq. 9's answer: the shared tokens cancel
+            "def my_prefix_net(adv, rho1, rho2, lam, length_norm):\n    return 0.0\n",
+            "wrong value — the net coefficient with length_norm=False: 0 is GRPO's answer",
+        ),
+        (  # the shared steps' ratios left out of s_i
+            "def my_prefix_net(adv, rho1, rho2, lam, length_norm):\n"
+            "    s = lam ** (1 / 3) / 3 if length_norm else lam\n"
+            "    return float((adv * s).sum() / len(adv))\n",
+            "wrong value — the net coefficient with length_norm=False: s_i = ρ1·ρ2·λ_i",
+        ),
+        (  # GSPO's 1/|τ| of the derivative forgotten
+            "def my_prefix_net(adv, rho1, rho2, lam, length_norm):\n"
+            "    s = rho1 * rho2 * lam\n"
+            "    s = s ** (1 / 3) if length_norm else s\n"
+            "    return float((adv * s).sum() / len(adv))\n",
+            "wrong value — the net coefficient with length_norm=True: the 1/|τ_i| = 1/3",
         ),
     ],
     "03_equivalent_solutions_and_entropy_collapse": [
         (  # the product weight Π r, without the 1/|τ| of eq. (44)
-            "def my_sequence_weights(theta):\n"
+            "def my_sequence_weights(theta, length_norm):\n"
             "    return (policy.traj_logp(theta) - policy.traj_logp(theta_old)).exp()\n",
-            "wrong value — the sequence weights s_i at",
+            "wrong value — GSPO's s_i at π_θ = {(): {'The': 0.3, '10': 0.7}}: this is Π_t r",
+        ),
+        (  # one root for all: the padded length
+            "def my_sequence_weights(theta, length_norm):\n"
+            "    log_ratio = policy.traj_logp(theta) - policy.traj_logp(theta_old)\n"
+            "    return (log_ratio / (mask.shape[1] if length_norm else 1)).exp()\n",
+            "wrong value — GSPO's s_i at π_θ = {(): {'The': 0.3, '10': 0.7}}: every trajectory got the root 1/6",
+        ),
+        (  # the ratio upside down
+            "def my_sequence_weights(theta, length_norm):\n"
+            "    log_ratio = policy.traj_logp(theta_old) - policy.traj_logp(theta)\n"
+            "    return (log_ratio / (policy.lengths if length_norm else 1)).exp()\n",
+            "wrong value — the weights Π_t r at π_θ",
+        ),
+        (  # the library's token-level form, switched off during the check
+            "def my_sequence_weights(theta, length_norm):\n"
+            "    lp = policy.token_logp(theta, idx)\n"
+            "    return sequence_log_ratio(lp, old_logp, mask, length_norm=length_norm).exp()\n",
+            "wrong approach — `sequence_log_ratio`",
+        ),
+        (  # log base 2
+            "def my_equiv_entropy(log_odds):\n"
+            "    p = 1 / (1 + math.exp(-log_odds))\n"
+            "    return -p * math.log2(p) - (1 - p) * math.log2(1 - p)\n",
+            "wrong value — the entropy at ℓ = -2.8 is in bits",
+        ),
+        (  # one of the two terms
+            "def my_equiv_entropy(log_odds):\n"
+            "    p = 1 / (1 + math.exp(-log_odds))\n"
+            "    return -p * math.log(p)\n",
+            "wrong value — the entropy at ℓ = -2.8 is only −p·ln p",
+        ),
+        (  # the ratio taken for the share
+            "def my_equiv_entropy(log_odds):\n"
+            "    p = math.exp(log_odds)\n"
+            "    return -p * math.log(p) - (1 - p) * math.log(1 - p)\n",
+            "wrong value — the entropy at ℓ = -2.8 uses p = e^ℓ",
         ),
     ],
     "04_clipping_breaks_cancellation": [
+        (  # one clip for both signs
+            "def my_sign_aware_clip(r, adv, epsilon_low, epsilon_high):\n"
+            "    return r.clamp(1 - epsilon_low, 1 + epsilon_high)\n",
+            "wrong value — s̄: that is clip(r) for both signs",
+        ),
+        (  # min and max swapped
+            "def my_sign_aware_clip(r, adv, epsilon_low, epsilon_high):\n"
+            "    c = r.clamp(1 - epsilon_low, 1 + epsilon_high)\n"
+            "    return torch.where(adv >= 0, torch.maximum(r, c), torch.minimum(r, c))\n",
+            "wrong value — s̄: min and max are swapped",
+        ),
+        (  # ε_low and ε_high swapped
+            "def my_sign_aware_clip(r, adv, epsilon_low, epsilon_high):\n"
+            "    c = r.clamp(1 - epsilon_high, 1 + epsilon_low)\n"
+            "    return torch.where(adv >= 0, torch.minimum(r, c), torch.maximum(r, c))\n",
+            "wrong value — s̄: ε_low and ε_high are swapped",
+        ),
+        (  # the library's one call, switched off during the check
+            "def my_sign_aware_clip(r, adv, epsilon_low, epsilon_high):\n"
+            "    return sign_aware_clip(r, adv, epsilon_low, epsilon_high)\n",
+            "wrong approach — `sign_aware_clip`",
+        ),
+        (  # GRPO-fix given PPO's lower bound
+            "def my_token_coefficient(r, adv, objective):\n"
+            "    if objective == 'grpo':\n"
+            "        live = torch.where(adv >= 0, r <= 1.2, r >= 0.8)\n"
+            "    else:\n"
+            "        live = (r >= 0.8) & (r <= 1.2)\n"
+            "    return torch.where(live, r * adv, torch.zeros_like(r))\n",
+            "wrong value — grpo_symclip: GRPO-fix's clip is clip(r, 0, 1 + ε): it has no lower bound",
+        ),
+        (  # the ratio left out of the coefficient
+            "def my_token_coefficient(r, adv, objective):\n"
+            "    if objective == 'grpo':\n"
+            "        live = torch.where(adv >= 0, r <= 1.2, r >= 0.8)\n"
+            "    else:\n"
+            "        live = r < 1.2\n"
+            "    return torch.where(live, adv, torch.zeros_like(r))\n",
+            "wrong value — grpo: ∂(r·A)/∂log π = r·A",
+        ),
+        (  # the clip ignored
+            "def my_token_coefficient(r, adv, objective):\n"
+            "    return r * adv if objective == 'grpo' else torch.where(r < 1.2, r * adv, 0 * r)\n",
+            "wrong value — grpo: r·A everywhere is the unclipped term",
+        ),
+        (  # the library's coefficients, switched off during the check
+            "def my_token_coefficient(r, adv, objective):\n"
+            "    lp, one = r.log()[:, None], torch.ones(len(r), 1, dtype=r.dtype)\n"
+            "    g = torch.arange(len(r))\n"
+            "    return token_coefficients(objective, lp, 0 * lp, adv, one, g, aggregation='seq-mean-token-sum')[:, 0] * len(r)\n",
+            "wrong approach — `token_coefficients`",
+        ),
         (  # ε_low and ε_high swapped
             "def my_cancelling_interval(epsilon_low, epsilon_high):\n"
             "    return (1.0 - epsilon_high, 1.0 + epsilon_low)\n",
             "wrong value — w_lo = 0.72 is too low",
         ),
-        (  # the clipped and the unclipped side confused
-            "def my_grpo_net(w):\n    return 0.0 if 0.8 <= w <= 1.2 else (w / 4 if w > 1.2 else -w / 4)\n",
-            "wrong value",
+        (  # clip-higher forgotten: the symmetric range
+            "def my_cancelling_interval(epsilon_low, epsilon_high):\n"
+            "    return (1.0 - epsilon_low, 1.0 + epsilon_low)\n",
+            "wrong value — w_hi = 1.2 is too low",
         ),
     ],
     "05_dfpo_transforms": [
-        ("def my_closest_nonnegative_transform():\n    return 'orth_proj'\n", "wrong value — 'orth_proj'"),
+        (  # Orth-Proj divided by ‖Â‖ instead of ‖Â‖²
+            "def my_min_replace_and_orth_proj(s_bar, adv):\n"
+            "    return s_bar.min() * torch.ones_like(s_bar), s_bar - (adv @ s_bar) / adv.norm() * adv\n",
+            "wrong value — Orth-Proj's s̃ at Â = [1.5, -0.5, -0.5, -0.5], s̄ = [0.8, 1.2, 0.9, 1.0]: Σ Â·s̃",
+        ),
+        (  # Min-Replace as one number, not a weight per completion
+            "def my_min_replace_and_orth_proj(s_bar, adv):\n"
+            "    return s_bar.min(), s_bar - (adv @ s_bar) / (adv @ adv) * adv\n",
+            "wrong shape — Min-Replace's s̃ (eq. 50)",
+        ),
+        (  # the mean instead of the smallest weight
+            "def my_min_replace_and_orth_proj(s_bar, adv):\n"
+            "    return s_bar.mean() * torch.ones_like(s_bar), s_bar - (adv @ s_bar) / (adv @ adv) * adv\n",
+            "wrong value — Min-Replace's s̃ (eq. 50)",
+        ),
+        (  # a plain clip that ignores the advantage's sign
+            "def my_post_clip_and_shrink(s, adv, epsilon):\n"
+            "    s_bar = s.clamp(1 - epsilon, 1 + epsilon)\n"
+            "    return s_bar, s_bar.min() / s_bar\n",
+            "wrong value — s̄ of completion 1 (s = 0.5, Â > 0 and s below 1 − ε: min(s, c) = s",
+        ),
+        (  # min and max swapped between the signs
+            "def my_post_clip_and_shrink(s, adv, epsilon):\n"
+            "    c = s.clamp(1 - epsilon, 1 + epsilon)\n"
+            "    s_bar = torch.where(adv >= 0, torch.maximum(s, c), torch.minimum(s, c))\n"
+            "    return s_bar, s_bar.min() / s_bar\n",
+            "wrong value — s̄ of completion 0 (s = 1.5, Â > 0 and s above 1 + ε: the clip binds)",
+        ),
+        (  # φ upside down: s̄ / s̃
+            "def my_post_clip_and_shrink(s, adv, epsilon):\n"
+            "    c = s.clamp(1 - epsilon, 1 + epsilon)\n"
+            "    s_bar = torch.where(adv >= 0, torch.minimum(s, c), torch.maximum(s, c))\n"
+            "    return s_bar, s_bar / s_bar.min()\n",
+            "wrong value — the shrink factors φ_i",
+        ),
+        (  # the trust-region variant (estimator="ppo_clip"): clipped completions get no gradient
+            "def my_dfpo_coefficients(log_ratio, adv, mask, epsilon):\n"
+            "    n = mask.sum(-1)\n"
+            "    s = ((log_ratio * mask).sum(-1) / n).exp()\n"
+            "    c = s.clamp(1 - epsilon, 1 + epsilon)\n"
+            "    s_bar = torch.where(adv >= 0, torch.minimum(s, c), torch.maximum(s, c))\n"
+            "    keep = (s_bar == s).to(s.dtype)\n"
+            "    return (keep * s_bar.min() * adv / (len(adv) * n))[:, None] * mask\n",
+            "wrong value — the coefficients of completion 0 (s = e^0.4 clipped to s̄ = 1.2: it keeps its gradient",
+        ),
+        (  # the eq. 86 control: s̄_i instead of s̃_i
+            "def my_dfpo_coefficients(log_ratio, adv, mask, epsilon):\n"
+            "    n = mask.sum(-1)\n"
+            "    s = ((log_ratio * mask).sum(-1) / n).exp()\n"
+            "    c = s.clamp(1 - epsilon, 1 + epsilon)\n"
+            "    s_bar = torch.where(adv >= 0, torch.minimum(s, c), torch.maximum(s, c))\n"
+            "    return (s_bar * adv / (len(adv) * n))[:, None] * mask\n",
+            "wrong value — the coefficients of completion 0",
+        ),
+        (  # every completion divided by T, not by its own length |y_i|
+            "def my_dfpo_coefficients(log_ratio, adv, mask, epsilon):\n"
+            "    n = mask.sum(-1)\n"
+            "    s = ((log_ratio * mask).sum(-1) / n).exp()\n"
+            "    c = s.clamp(1 - epsilon, 1 + epsilon)\n"
+            "    s_bar = torch.where(adv >= 0, torch.minimum(s, c), torch.maximum(s, c))\n"
+            "    return (s_bar.min() * adv / (len(adv) * mask.shape[1]))[:, None] * mask\n",
+            "wrong value — the coefficients of completion 1 (|y_1| = 2 tokens",
+        ),
     ],
     "06_batching": [
+        (  # one completion per mini-batch: never two signs in one step, but no split by sign
+            "def my_sign_split(adv, group):\n    return [torch.tensor([i]) for i in range(len(adv))]\n",
+            "wrong value — 12 mini-batches: a split by sign has exactly 2",
+        ),
+        (  # each group split by sign: group × sign parts
+            "def my_sign_split(adv, group):\n"
+            "    return [torch.nonzero((group == g) & s).flatten() for g in group.unique()\n"
+            "            for s in (adv > 0, adv <= 0) if ((group == g) & s).any()]\n",
+            "wrong value — 5 mini-batches: a split by sign has exactly 2, every Â > 0 completion of the batch "
+            "in the first and the rest in the second (yours keep one group per mini-batch",
+        ),
+        (  # Â = 0 put with the positives
+            "def my_sign_split(adv, group):\n"
+            "    return [torch.nonzero(adv >= 0).flatten(), torch.nonzero(adv < 0).flatten()]\n",
+            "wrong value — the first mini-batch (Â > 0)",
+        ),
+        (  # half of the split left out
+            "def my_sign_split(adv, group):\n    return [torch.nonzero(adv > 0).flatten()]\n",
+            "wrong value — 1 mini-batches",
+        ),
+        (  # zero-advantage completions counted as positive
+            "def my_balance(adv, rho):\n"
+            "    pos, neg = float((adv >= 0).sum()) / len(adv), float((adv < 0).sum()) / len(adv)\n"
+            "    return pos, neg, pos >= rho and neg >= rho\n",
+            "wrong value — N_pos/|B| at Â = [0.0, 0.0, 0.5, -0.5], ρ = 0.3 (Â = 0 is neither sign, but counts in |B|)",
+        ),
+        (  # zero-advantage completions left out of |B|
+            "def my_balance(adv, rho):\n"
+            "    n = int((adv != 0).sum())\n"
+            "    pos, neg = float((adv > 0).sum()) / n, float((adv < 0).sum()) / n\n"
+            "    return pos, neg, pos >= rho and neg >= rho\n",
+            "wrong value — N_pos/|B| at Â = [0.0, 0.0, 0.5, -0.5]",
+        ),
         (  # the verdict computed but not returned
-            "def my_is_balanced(adv, rho):\n"
+            "def my_balance(adv, rho):\n"
             "    n = len(adv)\n"
             "    bool((adv > 0).sum() / n >= rho and (adv < 0).sum() / n >= rho)\n",
             "wrong type",
         ),
-        (  # half of the split left out
-            "def my_sign_split(adv):\n    return [torch.nonzero(adv > 0).flatten()]\n",
-            "wrong value — your parts are not a partition",
-        ),
     ],
     "07_low_probability_tokens": [
         (  # the gradient of θ itself, which never took part in a backward pass
-            "def my_score_norm(i, t):\n"
-            "    policy.token_logp(theta.clone().requires_grad_(True), idx[i : i + 1])[0, t].backward()\n"
+            "def my_sequence_score_norm(i):\n"
+            "    policy.token_logp(theta.clone().requires_grad_(True), idx[i : i + 1]).sum().backward()\n"
             "    return float(theta.grad.norm())\n",
             "your code raised AttributeError",
         ),
-        ("def my_pi_for_90_percent(alpha):\n    return 0.9\n", "wrong value"),
+        (  # the sum of the tokens' norms, not the norm of the sum
+            "def my_sequence_score_norm(i):\n"
+            "    total = 0.0\n"
+            "    for t in range(mask.shape[1]):\n"
+            "        z = theta.clone().requires_grad_(True)\n"
+            "        policy.token_logp(z, idx[i : i + 1])[0, t].backward()\n"
+            "        total += float(z.grad.norm())\n"
+            "    return total\n",
+            "wrong value — ‖∇_θ log π(y_i)‖ for completion 0 (its tokens' π:",
+        ),
+        (  # the mean log-probability per token instead of the sum
+            "def my_sequence_score_norm(i):\n"
+            "    z = theta.clone().requires_grad_(True)\n"
+            "    policy.token_logp(z, idx[i : i + 1])[0].mean().backward()\n"
+            "    return float(z.grad.norm())\n",
+            "wrong value — ‖∇_θ log π(y_i)‖ for completion 0",
+        ),
+        ("def my_pi_for_90_percent(alpha):\n    return 0.9\n", "wrong value — π_old at α = 0.2"),
+        (  # α and 1 − α confused
+            "def my_pi_for_90_percent(alpha):\n    return (0.9 - alpha) / (1 - alpha)\n",
+            "wrong value — π_old at α = 0.2 (α·π_old + (1 − α) must be 0.9): expected 0.5, got 0.875",
+        ),
     ],
     "08_from_toy_to_lm": [
         (  # every position of the completions, not only the common prefix
             "def my_shared_prefix_net(coef, tokens, mask):\n    return coef.sum(0)\n",
-            "wrong shape",
+            "wrong shape — the net coefficients of the common prefix for three completions diverging",
         ),
         (  # the mean over the completions instead of the net (sum)
             "def my_shared_prefix_net(coef, tokens, mask):\n"
             "    agree = ((tokens == tokens[0]) & mask.bool()).all(0)\n"
             "    return coef[:, agree.long().cumprod(0).bool()].mean(0)\n",
-            "wrong value",
+            "wrong value — the net coefficients of the common prefix for three completions diverging",
         ),
-        (  # inf − inf is NaN: two never-reached seeds are lost instead of tied
-            "def my_sign_counts(arm, baseline):\n"
-            "    d = [arm[s] - baseline[s] for s in arm]\n"
-            "    return sum(x > 0 for x in d), sum(x < 0 for x in d), sum(x == 0 for x in d)\n",
-            "wrong value — the counts",
+        (  # positions where the tokens agree, not a prefix: agreeing again after a divergence counts
+            "def my_shared_prefix_net(coef, tokens, mask):\n"
+            "    return coef[:, ((tokens == tokens[0]) & mask.bool()).all(0)].sum(0)\n",
+            "wrong shape — the net coefficients of the common prefix for completions that agree again",
+        ),
+        (  # the mask ignored: padding with the same id looks like a shared token
+            "def my_shared_prefix_net(coef, tokens, mask):\n"
+            "    return coef[:, (tokens == tokens[0]).all(0).long().cumprod(0).bool()].sum(0)\n",
+            "wrong shape — the net coefficients of the common prefix for a group whose completion 1 ends after 2 tokens",
+        ),
+        (  # inf − inf is NaN: a seed where both never reached is lost instead of tied
+            "def my_signs(arm, baseline):\n"
+            "    import numpy as np\n\n"
+            "    return {s: float(np.sign(arm[s] - baseline[s])) for s in arm}\n",
+            "wrong value — the sign of seed 2 (arm inf, baseline inf (both never reached: a tie)): expected 0, got nan",
         ),
         (  # paired by position, not by seed
-            "def my_sign_counts(arm, baseline):\n"
-            "    pairs = list(zip(arm.values(), baseline.values()))\n"
-            "    larger = sum(a > b for a, b in pairs)\n"
-            "    smaller = sum(a < b for a, b in pairs)\n"
-            "    return larger, smaller, len(pairs) - larger - smaller\n",
-            "wrong value — the counts",
+            "def my_signs(arm, baseline):\n"
+            "    return {s: int(a > b) - int(a < b) for s, a, b in zip(arm, arm.values(), baseline.values())}\n",
+            "wrong value — the sign of seed 0",
+        ),
+        (  # baseline − arm: every sign flipped
+            "def my_signs(arm, baseline):\n"
+            "    return {s: int(baseline[s] > arm[s]) - int(baseline[s] < arm[s]) for s in arm}\n",
+            "wrong value — the sign of seed 1 (arm inf, baseline 40.0): expected 1, got -1",
+        ),
+    ],
+    "09_token_coupling": [
+        (  # eq. (8) without its last term ⟨π_j, π_k⟩
+            "def my_output_overlap(probs, tokens):\n"
+            "    same = (tokens[:, None] == tokens[None, :]).to(probs.dtype)\n"
+            "    cross = probs[:, tokens]\n"
+            "    return same - cross - cross.T\n",
+            "wrong value — D for 3 tokens y = (1, 1, 2): the ⟨π_j, π_k⟩ term is missing",
+        ),
+        (  # π_j(y_k) for both cross terms: not symmetric
+            "def my_output_overlap(probs, tokens):\n"
+            "    same = (tokens[:, None] == tokens[None, :]).to(probs.dtype)\n"
+            "    return same - 2 * probs[:, tokens] + probs @ probs.T\n",
+            "wrong value — D for 3 tokens y = (1, 1, 2): both cross terms are π_j(y_k)",
+        ),
+        (  # the coupling term keeps k = j
+            "def my_first_order_delta(kernel, coef, lr):\n"
+            "    return lr * coef * torch.diagonal(kernel), lr * (kernel @ coef)\n",
+            "wrong value — the coupling term with the full kernel, lr = 0.3: it includes k = j",
+        ),
+        (  # lr forgotten
+            "def my_first_order_delta(kernel, coef, lr):\n"
+            "    s = coef * torch.diagonal(kernel)\n"
+            "    return s, kernel @ coef - s\n",
+            "wrong value — the self-term with the full kernel, lr = 0.3: the step size lr is missing",
+        ),
+        (  # (coupling, self) instead of (self, coupling)
+            "def my_first_order_delta(kernel, coef, lr):\n"
+            "    s = lr * coef * torch.diagonal(kernel)\n"
+            "    return lr * (kernel @ coef) - s, s\n",
+            "wrong value — with the full kernel, lr = 0.3: you returned (coupling, self)",
+        ),
+    ],
+    "10_length_and_aggregation": [
+        (  # seq-mean-token-mean without its 1/G
+            "def my_shared_net(adv, lengths, aggregation):\n"
+            "    if aggregation == 'token-mean':\n"
+            "        return float(adv.sum() / lengths.sum())\n"
+            "    return float((adv / lengths).sum())\n",
+            "wrong value — the net coefficient at Â = [0.5, 0.5, -1.5, 0.5], |y| = [7, 7, 3, 3], seq-mean-token-mean: expected -0.047619, got -0.190476",
+        ),
+        (  # token-mean's formula for both aggregations
+            "def my_shared_net(adv, lengths, aggregation):\n    return float(adv.sum() / lengths.sum())\n",
+            "wrong value — the net coefficient at Â = [0.5, 0.5, -1.5, 0.5], |y| = [7, 7, 3, 3], seq-mean-token-mean: expected -0.047619, got 0",
+        ),
+        (  # "only token-mean cancels"
+            "def my_cancels_any_length(objective, aggregation, length_norm):\n"
+            "    return aggregation == 'token-mean'\n",
+            "wrong value — cancels for any lengths at objective='grpo', aggregation='seq-mean-token-sum'",
+        ),
+        (  # the answer computed but not returned
+            "def my_cancels_any_length(objective, aggregation, length_norm):\n"
+            "    aggregation == 'token-mean'\n",
+            "wrong type — cancels for any lengths at objective='grpo', aggregation='token-mean', length_norm=True: your function returned None",
+        ),
+    ],
+    "11_optimizer": [
+        (  # no bias correction
+            "def my_adam_coast(beta1, beta2, k):\n"
+            "    return beta1**k * (1 - beta1) / math.sqrt(beta2**k * (1 - beta2))\n",
+            "wrong value — Adam's step (in units of lr) k steps after the last non-zero gradient at k = 1: expected 0.670058, got 2.84747",
+        ),
+        (  # "a zero gradient does not move it"
+            "def my_adam_coast(beta1, beta2, k):\n    return 0.0\n",
+            "wrong value — Adam's step (in units of lr) k steps after the last non-zero gradient at k = 1: expected 0.670058, got 0",
+        ),
+        (  # the SGD step
+            "def my_first_adam_step(grad, lr, eps):\n    return -lr * grad\n",
+            "wrong value — Adam's first update Δθ: expected [-0.099999, 0.1, 0, -0.00909091], got [-0.0001, 0.2, -0, -1e-10]",
+        ),
+        (  # ascent instead of descent
+            "def my_first_adam_step(grad, lr, eps):\n    return lr * grad / (grad.abs() + eps)\n",
+            "wrong value — Adam's first update Δθ: expected [-0.099999, 0.1, 0, -0.00909091], got [0.099999, -0.1, 0, 0.00909091] (the opposite sign)",
         ),
     ],
 }

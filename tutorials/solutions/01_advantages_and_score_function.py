@@ -8,16 +8,28 @@ tutorial tests (`tests/tutorials`) run every notebook with these bodies put in i
 # ruff: noqa: F821
 
 
-def my_coefficients(adv: torch.Tensor, logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """(B, T) ∂J/∂logp of J = token-mean of Â_i·logp_(i,t), 0 on padding."""
-    leaf = logp.detach().clone().requires_grad_(True)
-    surrogate = aggregate(adv[:, None] * leaf, mask, "token-mean")
-    (grad,) = torch.autograd.grad(surrogate, leaf)
-    return grad * mask
+def my_group_advantages(rewards: torch.Tensor, group: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """(B,) Â: (r − mean) / (std + 1e-6) over each group's valid rows; 0 for invalid rows and groups of < 2."""
+    adv = torch.zeros_like(rewards)
+    for g in torch.unique(group):
+        rows = (group == g) & valid
+        if int(rows.sum()) < 2:  # no contrast: Â = 0
+            continue
+        r = rewards[rows]
+        adv[rows] = (r - r.mean()) / (r.std() + 1e-6)  # eq. (1.1); torch.std is Bessel-corrected
+    return adv
 
 
-def my_event_advantage_sums(adv: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """(E,) Σ Â over each event's tokens / N, events sorted by id."""
+def my_coefficients(adv: torch.Tensor, mask: torch.Tensor, aggregation: str) -> torch.Tensor:
+    """(B, T) ∂J/∂logp at ratio 1 for "token-mean" or "seq-mean-token-mean", 0 on padding."""
+    if aggregation == "token-mean":  # J = Σ_{i,t} m·Â_i·logp / N
+        return adv[:, None] * mask / mask.sum()
+    # J = (1/G) Σ_i (1/T_i) Σ_t m·Â_i·logp
+    return adv[:, None] * mask / (mask.sum(-1, keepdim=True) * mask.shape[0])
+
+
+def my_event_nets(adv: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(E,) Σ Â over each event's real tokens / N, events sorted by id."""
     valid = mask.bool()
     event_ids, event_of_token = torch.unique(keys[valid], return_inverse=True)  # sorted ids
     adv_of_token = adv[:, None].expand_as(mask)[valid]

@@ -8,13 +8,15 @@ tutorial tests (`tests/tutorials`) run every notebook with these bodies put in i
 # ruff: noqa: F821
 
 
-def my_sequence_weights(theta: torch.Tensor) -> torch.Tensor:
-    """(3,) GSPO sequence weights at θ against θ_old, from whole-trajectory log-probabilities."""
-    log_ratio = policy.traj_logp(theta) - policy.traj_logp(theta_old)
-    return (log_ratio / policy.lengths).exp()
+def my_sequence_weights(theta: torch.Tensor, length_norm: bool) -> torch.Tensor:
+    """(3,) sequence weights at θ against θ_old: Π_t r (length_norm=False) or GSPO's (Π_t r)^(1/|τ|)."""
+    log_ratio = policy.traj_logp(theta) - policy.traj_logp(theta_old)  # log Π_t r_(i,t)
+    if length_norm:  # eq. (44): the |τ_i|-th root, each trajectory its own length
+        log_ratio = log_ratio / policy.lengths
+    return log_ratio.exp()
 
 
-def my_log_odds_drift() -> float:
-    """Final minus initial equiv_log_odds of the 60-step GSPO run (ε = 0.2, seed 3)."""
-    rows = simulate(sc, "gspo", steps=60, seed=3, epsilon_low=0.2, epsilon_high=0.2)
-    return rows[-1]["equiv_log_odds"] - policy.equiv_log_odds(theta_old)
+def my_equiv_entropy(log_odds: float) -> float:
+    """Entropy (nats) of (p, 1 − p), p = τ2's share of the equivalent set, from ℓ = log π(τ2)/π(τ3)."""
+    p = 1.0 / (1.0 + math.exp(-log_odds))  # π(τ2)/(π(τ2) + π(τ3)) = e^ℓ/(1 + e^ℓ)
+    return -p * math.log(p) - (1.0 - p) * math.log(1.0 - p)

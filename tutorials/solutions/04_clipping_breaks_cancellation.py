@@ -5,15 +5,26 @@ notebook's variables (`policy`, `mask`, ...) and imports, so this file is not ru
 tutorial tests (`tests/tutorials`) run every notebook with these bodies put in its exercise cells.
 """
 
+# ruff: noqa: F821
 
-def my_grpo_net(w: float) -> float:
-    """Σ_i ∂J/∂logp of the shared token 'answer' at ratio w (GRPO, ε = 0.2, token-mean over 4 tokens)."""
-    n_tokens, eps = 4, 0.2
-    if w > 1 + eps:  # τ2 (Â = +1) is clipped; τ1's term -w·logπ is not: coefficient Â_1·w / N
-        return -w / n_tokens
-    if w < 1 - eps:  # τ1 (Â = -1) is clipped; τ2's term +w·logπ is not
-        return w / n_tokens
-    return 0.0  # both terms live: (Â_1 + Â_2)·w / N = 0
+
+def my_sign_aware_clip(
+    r: torch.Tensor, adv: torch.Tensor, epsilon_low: float, epsilon_high: float
+) -> torch.Tensor:
+    """s̄ of eq. (47), elementwise: min(r, clip(r)) where adv ≥ 0, max(r, clip(r)) where adv < 0."""
+    c = r.clamp(1.0 - epsilon_low, 1.0 + epsilon_high)  # eq. (46)
+    return torch.where(adv >= 0, torch.minimum(r, c), torch.maximum(r, c))  # eq. (47)
+
+
+def my_token_coefficient(r: torch.Tensor, adv: torch.Tensor, objective: str) -> torch.Tensor:
+    """∂(term)/∂log π of each token, term = min(rA, clip(r, 0.8, 1.2)A) or A·clip(r, 0, 1.2)."""
+    if objective == "grpo":  # the term is A·s̄ (eq. 47); it depends on θ only where s̄ = r:
+        live = torch.where(
+            adv >= 0, r <= 1.2, r >= 0.8
+        )  # min(r, c) = r iff r ≤ 1.2, max(r, c) = r iff r ≥ 0.8
+    else:  # eq. (79): φ(r) = clip(r, 0, 1 + ε) is r below 1 + ε (r > 0 always), constant above
+        live = r < 1.2
+    return torch.where(live, r * adv, torch.zeros_like(r))  # ∂(r·A)/∂log π = r·A
 
 
 def my_cancelling_interval(epsilon_low: float, epsilon_high: float) -> tuple[float, float]:

@@ -8,10 +8,10 @@ tutorial tests (`tests/tutorials`) run every notebook with these bodies put in i
 # ruff: noqa: F821
 
 
-def my_score_norm(i: int, t: int) -> float:
-    """‖∂ log π(a_t | h_t) / ∂ logits‖ for completion idx[i], by autograd through `policy.token_logp`."""
-    z = theta.clone().requires_grad_(True)
-    policy.token_logp(z, idx[i : i + 1])[0, t].backward()
+def my_sequence_score_norm(i: int) -> float:
+    """‖∇_θ Σ_t log π(a_t | h_t)‖ for completion idx[i] at θ, by autograd through `policy.token_logp`."""
+    z = theta.clone().requires_grad_(True)  # θ itself is a leaf without a gradient
+    (policy.token_logp(z, idx[i : i + 1])[0] * mask[i]).sum().backward()
     return float(z.grad.norm())
 
 

@@ -15,8 +15,7 @@ def my_shared_prefix_net(coef: torch.Tensor, tokens: torch.Tensor, mask: torch.T
     return coef[:, prefix].sum(0)
 
 
-def my_sign_counts(arm: dict[int, float], baseline: dict[int, float]) -> tuple[int, int, int]:
-    """(seeds with arm > baseline, seeds with arm < baseline, ties), matched by seed."""
-    larger = sum(arm[s] > baseline[s] for s in arm)
-    smaller = sum(arm[s] < baseline[s] for s in arm)
-    return larger, smaller, len(arm) - larger - smaller  # inf vs inf is neither: a tie
+def my_signs(arm: dict[int, float], baseline: dict[int, float]) -> dict[int, int]:
+    """Seed → sign of arm − baseline (+1, −1, 0 for a tie), matched by seed; inf vs inf is a tie."""
+    # compare, never subtract: inf − inf is NaN, while inf > inf and inf < inf are both False (a tie)
+    return {s: int(arm[s] > baseline[s]) - int(arm[s] < baseline[s]) for s in arm}

@@ -1,0 +1,365 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 10 · Length and aggregation
+#
+# Tutorials 1–5 cancelled shared tokens inside groups whose completions all had the same length, or
+# used the aggregation each objective ships with. Real completions differ in length, and the
+# aggregation, the step that turns per-token terms into one loss, decides how a completion's length
+# enters every token's coefficient. This tutorial follows one token that **every** completion of a
+# group shares, and asks when its coefficients still cancel:
+#
+# > GRPO with `token-mean` cancels a shared token whatever the lengths; with `seq-mean-token-mean`
+# > it does not once the lengths differ. DFPO keeps $\sum_i \tilde s_i\hat A_i = 0$, but its shared
+# > token gets $\sum_i \tilde s_i\hat A_i/|y_i|$ (eq. 72), which is 0 only for equal lengths: with
+# > unequal lengths most of its fix is gone.
+#
+# Equation numbers without a paper name are the DFPO paper's ("Design Conditions for Intra-Group
+# Learning of Sequence-Level Rewards", arXiv 2604.13088). Every number comes from `cancellation`
+# (the coefficients ∂J/∂logp and the cancellation meters) and `toymodel` (the tabular policy and its
+# batched simulator).
+
+# %%
+import plotly.graph_objects as go
+import plotly.io as pio
+import torch
+from exercise_check import check, expect_close, expect_equal, number  # the exercises' check cells
+from show import table
+
+from app.figures import PALETTE, curve_figure
+from cancellation import group_advantages
+from cancellation.objectives import dfpo_weights
+from cancellation.update import CancellationMeter, coefficients
+from toymodel import Scenario, seed_rows, simulate_seeds
+
+pio.renderers.default = "plotly_mimetype+notebook_connected"
+torch.set_num_threads(1)  # the toy's tensors are tiny: one thread is fastest
+torch.set_printoptions(precision=4, sci_mode=False)
+
+# %% [markdown]
+# ## 1. A toy with a shared opener and two lengths
+#
+# None of the named scenarios has a token that a whole group shares *and* completions of different
+# lengths, so we build one as a `toymodel.Scenario` (data only: the support, the rewards and the
+# initial probabilities). Every completion starts with an opener, "Sure" (π = 0.9) or "OK", the
+# token the group will share. Then it either answers at once ("20" or "25", 3 tokens with the end
+# token) or works it out ("10 + 10 = 20", 7 tokens). Reward 1 iff the answer is 20. Working it out
+# is right 75 % of the time, answering at once only a third of the time, so the correct completions
+# tend to be the long ones, as in reasoning tasks. The twin `equal` pads the short answers with
+# four forced "." tokens: the same decisions and rewards, all 7 tokens long. A forced token (the only
+# action of its context) has a zero score $e_a - \pi = 0$, so the padding changes only the lengths.
+
+
+# %%
+def length_scenario(pad: bool) -> Scenario:
+    """Opener (Sure/OK), then a short answer (3 tokens, or 7 padded with '.') or '10 + 10 = ..' (7)."""
+    support, rewards, initial = [], [], {(): {"Sure": 0.9, "OK": 0.1}}
+    for op in ("Sure", "OK"):
+        initial[(op,)] = {"20": 0.2, "25": 0.4, "10": 0.4}
+        initial[(op, "10", "+", "10", "=")] = {"20": 0.75, "25": 0.25}
+        for ans in ("20", "25"):
+            support.append((op, ans, *(["."] * 4 if pad else []), "<eos>"))
+            support.append((op, "10", "+", "10", "=", ans, "<eos>"))
+            rewards += [float(ans == "20")] * 2
+    name = "equal" if pad else "unequal"
+    return Scenario(name, f"opener + short/long answer ({name} lengths)", "tutorial 10", tuple(support),
+                    tuple(rewards), initial=initial)  # fmt: skip
+
+
+scenarios = {"unequal": length_scenario(pad=False), "equal": length_scenario(pad=True)}
+policy = scenarios["unequal"].policy()
+probs = policy.probs(scenarios["unequal"].initial_logits())
+table([{"completion": policy.text(i), "|y|": int(policy.lengths[i]), "R": float(policy.rewards[i]),
+        "π": float(probs[i])} for i in range(policy.N)])  # fmt: skip
+
+# %% [markdown]
+# ## 2. One group, two aggregations
+#
+# A group of four that all open with "Sure": two long correct completions, a short wrong one and a
+# short correct one. At the first update θ = θ_old, every ratio is 1, and GRPO's coefficient of a
+# token of completion $i$ is $\hat A_i/N$ under `token-mean` ($N$ the group's tokens) but
+# $\hat A_i/(G\,|y_i|)$ under `seq-mean-token-mean` (each completion's mean first, then the mean over
+# completions). `coefficients(objective, logp, old_logp, adv, mask, group, aggregation=...)` gets
+# them by autograd through the loss; column 0 is the opener.
+
+# %%
+LONG20 = ("Sure", "10", "+", "10", "=", "20", "<eos>")
+texts = [LONG20, LONG20, ("Sure", "25", "<eos>"), ("Sure", "20", "<eos>")]
+idx = torch.tensor([policy.trajectory_index(t) for t in texts])
+group = torch.zeros(4, dtype=torch.long)
+adv = group_advantages(policy.rewards[idx], group)
+mask, keys = policy.mask[idx], policy.event_keys[idx]
+logp = policy.token_logp(scenarios["unequal"].initial_logits(), idx)
+coef = {agg: coefficients("grpo", logp, logp, adv, mask, group, aggregation=agg).coef
+        for agg in ("token-mean", "seq-mean-token-mean")}  # fmt: skip
+table([{"completion": policy.text(int(i)), "|y|": int(mask[k].sum()), "Â": float(adv[k]),
+        "c token-mean": float(coef["token-mean"][k, 0]),
+        "c seq-mean-token-mean": float(coef["seq-mean-token-mean"][k, 0])}
+       for k, i in enumerate(idx)])  # fmt: skip
+for agg, c in coef.items():
+    print(f"net coefficient of the opener 'Sure', {agg:20}: {float(c[:, 0].sum()):+.6f}")
+
+# %% [markdown]
+# Under `token-mean` every token of completion $i$ weighs the same $1/N$, so the opener's net is
+# $\frac1N\sum_i\hat A_i = 0$. Under `seq-mean-token-mean` the two long correct completions spread
+# their advantage over 7 tokens and the short ones over 3, so the opener gets
+# $\frac1G\sum_i \hat A_i/|y_i| = \frac14\big(\frac{0.5}{7}+\frac{0.5}{7}-\frac{1.5}{3}+\frac{0.5}{3}\big)
+# = -\frac1{21}$: a push **down** on a token that cannot explain the reward, because the correct
+# completions were longer.
+#
+# The cancellation meter of the toy and the trainer (`CancellationMeter`) measures the same thing
+# over the whole batch: `group_shared_residual` is Σ|net| / Σ gross over the events the whole group
+# shares (here only the opener), `sequence_net_residual` the same ratio for each completion's total
+# coefficient $c_i = \sum_t c_{i,t}$ (the net push on all of a group's completions at once).
+
+
+# %%
+def residuals(c: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor, group: torch.Tensor) -> dict:
+    """The meter's three residuals of one coefficient tensor (one optimiser step)."""
+    meter = CancellationMeter(keys, mask, group)
+    meter.add(c)
+    return meter.totals.residuals()
+
+
+for agg, c in coef.items():
+    r = residuals(c, keys, mask, group)
+    print(f"{agg:20}: group-shared {r['group_shared_residual']:.4f}   "
+          f"sequence-net {r['sequence_net_residual']:.4f}")  # fmt: skip
+
+# %% [markdown]
+# The two aggregations trade one cancellation for the other: `token-mean` cancels the shared token
+# and leaves a net push on the completions ($\sum_i |y_i|\hat A_i \ne 0$), `seq-mean-token-mean`
+# cancels the completions' totals ($\sum_i \hat A_i = 0$) and leaves the shared token. With equal
+# lengths the two are the same thing.
+#
+# ## 3. Every objective × aggregation, equal and unequal lengths
+#
+# After the first optimiser step θ ≠ θ_old and the sequence ratios $s_i$ differ within the group:
+# that is where GSPO's sequence coupling breaks cancellation (eq. 13) and DFPO's transform repairs
+# it. We move π on the path of the long completions (θ), keep π_old at the initial policy, and take
+# the same four decisions in both scenarios. The objectives: GRPO; the **eq. 86 control** (GSPO's
+# weight s̄ under DFPO's stop-gradient estimator, no transform) and DFPO (Min-Replace), both at
+# ε = 0.2 so that the ratios are not clipped flat.
+
+# %%
+EPS = {"epsilon_low": 0.2, "epsilon_high": 0.2}
+ARMS = {  # label → (objective, parameters); the same colours in every figure below
+    "GRPO token-mean": ("grpo", {"aggregation": "token-mean"}),
+    "GRPO seq-mean-token-mean": ("grpo", {"aggregation": "seq-mean-token-mean"}),
+    "eq.86 control seq-mean-token-mean": ("gspo", {"estimator": "paper", **EPS}),
+    "DFPO seq-mean-token-mean": ("dfpo", EPS),
+    "DFPO token-mean": ("dfpo", {"aggregation": "token-mean", **EPS}),
+}
+MOVED = {
+    ("Sure",): {"20": 0.3, "25": 0.25, "10": 0.45},
+    ("Sure", "10", "+", "10", "="): {"20": 0.9, "25": 0.1},
+}
+
+
+def group_batch(sc: Scenario) -> dict:
+    """The four decisions of section 2 in scenario ``sc`` (short answers padded in `equal`), at θ and θ_old."""
+    pol, old = sc.policy(), sc.initial_logits()
+    pad = ["."] * 4 if sc.name == "equal" else []
+    ix = torch.tensor([pol.trajectory_index(t if len(t) == 7 else (*t[:2], *pad, "<eos>")) for t in texts])
+    new = pol.logits_from_probs(MOVED, base=old)
+    return {"logp": pol.token_logp(new, ix), "old_logp": pol.token_logp(old, ix), "mask": pol.mask[ix],
+            "keys": pol.event_keys[ix], "adv": group_advantages(pol.rewards[ix], group)}  # fmt: skip
+
+
+# %%
+batches = {name: group_batch(sc) for name, sc in scenarios.items()}
+rows, res = [], {}
+for arm, (obj, params) in ARMS.items():
+    row = {"arm": arm}
+    for name, b in batches.items():
+        c = coefficients(obj, b["logp"], b["old_logp"], b["adv"], b["mask"], group, **params).coef
+        res[arm, name] = residuals(c, b["keys"], b["mask"], group)
+        row[f"shared {name}"] = res[arm, name]["group_shared_residual"]
+        row[f"seq-net {name}"] = res[arm, name]["sequence_net_residual"]
+    rows.append(row)
+print("group-shared (the opener) and sequence-net residuals, one group, θ ≠ θ_old:")
+table(rows)
+
+# %%
+fig = go.Figure()
+for i, arm in enumerate(ARMS):
+    fig.add_bar(name=arm, x=list(scenarios), marker_color=PALETTE[i],
+                y=[res[arm, name]["group_shared_residual"] for name in scenarios])  # fmt: skip
+fig.update_layout(title="Residual on the token the whole group shares (one group, θ ≠ θ_old)",
+                  yaxis_title="|Σ c| / Σ |c| on the opener", barmode="group", height=380)  # fmt: skip
+fig.show()
+fix = {n: res["eq.86 control seq-mean-token-mean", n]["group_shared_residual"]
+       - res["DFPO seq-mean-token-mean", n]["group_shared_residual"] for n in scenarios}  # fmt: skip
+print(
+    f"DFPO's fix (control − DFPO): equal lengths {fix['equal']:+.4f}, unequal lengths {fix['unequal']:+.4f}"
+)
+
+# %% [markdown]
+# Read the table by rows:
+#
+# * **GRPO token-mean** cancels the opener for both scenarios (to rounding, ~1e-17); with unequal
+#   lengths its sequence-net residual is large.
+# * **GRPO seq-mean-token-mean** cancels the opener only when the lengths are equal.
+# * **The eq. 86 control** leaves a residual even with equal lengths (its weights $\bar s_i$ differ);
+#   **DFPO** removes it (0 for `equal`): that is the fix, eq. 18.
+# * With unequal lengths DFPO's residual on the opener is no smaller than the control's; on this
+#   group it is larger (the control's unequal weights happened to offset part of the length
+#   imbalance, Min-Replace's equal weights do not). The fix (the line above) is gone: it was
+#   built for the equal-length condition of eq. 72.
+# * **DFPO with `token-mean`** cancels the opener again for any lengths (each token of completion $i$
+#   gets $\tilde s_i\hat A_i/N$, and $\sum_i \tilde s_i\hat A_i = 0$), and gives up the sequence-net
+#   cancellation instead, as GRPO token-mean does.
+#
+# ## 4. Why: the $1/|y_i|$ in eq. 72
+#
+# Under DFPO's estimator, completion $i$'s tokens each get $\tilde s_i\hat A_i/(G|y_i|)$ (eq. 70 with
+# the length-normalised ratio of eq. 44). The transform makes $\sum_i\tilde s_i\hat A_i = 0$ (eq. 73),
+# the opener's net is $\frac1G\sum_i\tilde s_i\hat A_i/|y_i|$. `dfpo_weights` returns $s$, $\bar s$
+# and $\tilde s$:
+
+# %%
+b = batches["unequal"]
+s, s_bar, s_tilde = dfpo_weights(b["logp"], b["old_logp"], b["adv"], b["mask"], group, **EPS)
+lengths = b["mask"].sum(-1)
+print("s  =", s, "\ns̄  =", s_bar, "\ns̃  =", s_tilde, "(Min-Replace: the group's smallest s̄)")
+print("|y| =", lengths)
+print(f"Σ s̃·Â       = {float((s_tilde * b['adv']).sum()):+.2e}   (eq. 73: the completions cancel)")
+print(f"Σ s̃·Â/|y|/G = {float((s_tilde * b['adv'] / lengths).sum() / 4):+.6f}   (eq. 72: the opener does not)")
+c_dfpo = coefficients("dfpo", b["logp"], b["old_logp"], b["adv"], b["mask"], group, **EPS).coef
+print(f"autograd: net coefficient of the opener  {float(c_dfpo[:, 0].sum()):+.6f}")
+
+# %% [markdown]
+# Min-Replace sets every $\tilde s_i$ to the group's smallest $\bar s$, so DFPO's opener net is that
+# constant times GRPO seq-mean-token-mean's $-\frac1{21}$: the transform cannot see the lengths. The
+# paper says as much below eq. 72 ("if the length normalization factors are consistent (or nearly
+# so) within this shared event"); with the lengths of real completions they rarely are.
+#
+# ## 5. In training
+#
+# `simulate_seeds` trains 12 seeds of each arm for 60 steps (G = 8, 4 inner epochs, SGD lr 0.5) on
+# `unequal`, and the control and DFPO also on `equal`. The meter reads the coefficients every
+# optimiser step applied; a step contributes to `group_shared_residual` when some event is shared by
+# the whole group (the opener, when all 8 open alike; or "10" after it).
+
+# %%
+SEEDS, STEPS = 12, 60
+runs = {
+    arm: simulate_seeds(scenarios["unequal"], obj, SEEDS, steps=STEPS, **p) for arm, (obj, p) in ARMS.items()
+}
+for arm in ("eq.86 control seq-mean-token-mean", "DFPO seq-mean-token-mean"):
+    obj, p = ARMS[arm]
+    runs[arm + " (equal)"] = simulate_seeds(scenarios["equal"], obj, SEEDS, steps=STEPS, **p)
+
+
+def seed_mean(x: torch.Tensor) -> tuple[float, float]:
+    """Mean and std over seeds of each seed's mean over its steps with a value (NaN: no update)."""
+    per_seed = torch.nanmean(x, dim=1)
+    return float(per_seed.mean()), float(per_seed.std())
+
+
+# %%
+rows = []
+for arm, r in runs.items():
+    gs, ss = seed_mean(r["group_shared_residual"]), seed_mean(r["sequence_net_residual"])
+    rows.append({"arm": arm, "group-shared res.": f"{gs[0]:.3f} ± {gs[1]:.3f}",
+                 "sequence-net res.": f"{ss[0]:.3f} ± {ss[1]:.3f}",
+                 "E[R] step 20": float(r["expected_reward"][:, 19].mean()),
+                 "E[R] final": float(r["expected_reward"][:, -1].mean())})  # fmt: skip
+table(rows)
+
+# %%
+curves = {arm: [seed_rows(r, s) for s in range(SEEDS)] for arm, r in runs.items() if "(equal)" not in arm}
+curve_figure(
+    curves,
+    "group_shared_residual",
+    height=380,
+    title="Residual on whole-group events, unequal lengths (mean ± 1 std over 12 seeds)",
+).show()
+curve_figure(curves, "expected_reward", height=380, title="Expected reward, unequal lengths").show()
+
+# %% [markdown]
+# In training the table says what the single group said. On `unequal`, GRPO token-mean and DFPO
+# token-mean keep the whole-group events at 0 and pay with a sequence-net residual of about 0.2;
+# GRPO seq-mean-token-mean, the control and DFPO all leave about 0.15 of the whole-group mass
+# uncancelled, DFPO within one seed-std of the control. On `equal`, DFPO's fix is visible (the
+# control at 0.004, DFPO at 0) but about 40 times smaller than what unequal lengths cost. The reward
+# curves differ mostly through the step size each aggregation gives the deciding tokens (under
+# `seq-mean-token-mean` a short completion's answer token weighs $1/(3G)$ instead of $1/N$), not
+# through cancellation. This toy has no reward-irrelevant context whose drift would isolate the
+# learning tax (the opener's two subtrees learn at different speeds, so its drift is partly credit
+# assignment); tutorial 8 shows the same trade-off on a language model's completions.
+#
+# ## Exercises
+#
+# Write the body of each `my_*` function (until you do, it raises `NotImplementedError`), run its
+# cell, then run the check cell below it: it prints ✓ or says what is missing or wrong. A worked
+# solution is in `tutorials/solutions/10_length_and_aggregation.py`; try first.
+#
+# **Exercise 10.1 — the shared token's net coefficient.** At θ = θ_old (every ratio 1), GRPO gives
+# a token that every completion of one group contains (at the same context) the net coefficient
+# $\sum_i c_{i,t}$. Write `my_shared_net(adv, lengths, aggregation)` for `"token-mean"` and
+# `"seq-mean-token-mean"`, from the advantages and the lengths alone. The check compares with
+# numbers worked out by hand (the group of section 2, and a second one).
+
+
+# %%
+def my_shared_net(adv: torch.Tensor, lengths: torch.Tensor, aggregation: str) -> float:
+    """Σ_i c_i of a token every completion shares, GRPO at ratio 1, one group; `lengths` (G,) = |y_i|."""
+    raise NotImplementedError("Exercise 10.1: replace this line with your code")
+
+
+# %%
+with check("10.1"):
+    cases = [  # (Â, |y|, aggregation, the net worked out by hand)
+        ([0.5, 0.5, -1.5, 0.5], [7, 7, 3, 3], "token-mean", 0.0),
+        ([0.5, 0.5, -1.5, 0.5], [7, 7, 3, 3], "seq-mean-token-mean", -1 / 21),  # ¼(0.5/7+0.5/7−1.5/3+0.5/3)
+        ([1.0, -1.0], [2, 4], "seq-mean-token-mean", 0.125),  # ½(1/2 − 1/4)
+        ([1.0, -1.0], [2, 4], "token-mean", 0.0),
+    ]
+    for a, n, agg, expected in cases:
+        got = my_shared_net(torch.tensor(a, dtype=torch.float64), torch.tensor(n, dtype=torch.float64), agg)
+        expect_close(number(got, "the net coefficient"), expected, "the net coefficient",
+                     at=f"at Â = {a}, |y| = {n}, {agg}")  # fmt: skip
+
+# %% [markdown]
+# **Exercise 10.2 — which combinations cancel for any lengths?** Write
+# `my_cancels_any_length(objective, aggregation, length_norm)` returning True when a token that a
+# whole group shares gets a net coefficient of exactly 0 **for every choice of lengths** (and of θ
+# inside the clip range), False otherwise. `objective` is `"grpo"` or `"dfpo"` (paper estimator;
+# `length_norm=False` makes its ratio $s_i = \prod_t r_{i,t}$ instead of eq. 44's geometric mean,
+# GRPO ignores it). Reason from each token's coefficient, or measure it with `coefficients` on a
+# group of your own. The check compares with a truth table written by hand.
+
+
+# %%
+def my_cancels_any_length(objective: str, aggregation: str, length_norm: bool) -> bool:
+    """Does a whole-group shared token cancel exactly for any lengths under this objective/aggregation?"""
+    raise NotImplementedError("Exercise 10.2: replace this line with your code")
+
+
+# %%
+with check("10.2"):
+    truth = {  # (objective, aggregation, length_norm) → cancels for any lengths (worked out by hand)
+        ("grpo", "token-mean", True): True,  # Â_i·r/N: Σ Â_i = 0
+        ("grpo", "seq-mean-token-mean", True): False,  # Â_i·r/(G|y_i|)
+        ("grpo", "seq-mean-token-sum", True): True,  # Â_i·r/G
+        ("dfpo", "seq-mean-token-mean", True): False,  # s̃_iÂ_i/(G|y_i|), eq. 72
+        ("dfpo", "token-mean", True): True,  # |y_i|·s̃_iÂ_i/(N|y_i|) = s̃_iÂ_i/N
+        ("dfpo", "seq-mean-token-sum", True): True,  # s̃_iÂ_i/G
+        ("dfpo", "seq-mean-token-mean", False): True,  # ∂log Π r/∂logp = 1: s̃_iÂ_i/G
+        ("dfpo", "token-mean", False): False,  # |y_i|·s̃_iÂ_i/N
+    }
+    for (obj, agg, ln), expected in truth.items():
+        expect_equal(my_cancels_any_length(obj, agg, ln), expected, "cancels for any lengths",
+                     at=f"at objective={obj!r}, aggregation={agg!r}, length_norm={ln}")  # fmt: skip
