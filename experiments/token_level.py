@@ -119,7 +119,8 @@ def run_token_level(
     parts: tuple[str, ...] = PARTS,
     progress: Callable[[str], Any] | None = print,
 ) -> dict[str, Any]:
-    """Run ``parts`` and save them to ``out / RESULT_FILE`` after each one (a crash keeps what finished).
+    """Run ``parts`` and save them to ``out / RESULT_FILE`` after each one (a crash keeps what finished);
+    the saved results of other parts (of the same mode) are kept.
 
     ``root``: the folder of the tiny model (built there once, reused); ``model``: another saved model
     folder for the LM parts instead.
@@ -130,7 +131,12 @@ def run_token_level(
         raise ValueError(f"unknown part(s) {sorted(unknown)}; valid: {', '.join(PARTS)}")
     path = Path(out) / RESULT_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    result: dict[str, Any] = {"mode": "quick" if quick else "full", "seconds": {}}
+    mode = "quick" if quick else "full"
+    # the parts not run now keep their saved results (a crashed or partial run resumes part by part)
+    result: dict[str, Any] = {"mode": mode, "seconds": {}}
+    saved = load(out)
+    if saved is not None and saved.get("mode") == mode:
+        result = saved
     torch.set_num_threads(1)
     model_dir: str | None = model
     for part in parts:

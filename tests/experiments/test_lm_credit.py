@@ -318,6 +318,14 @@ def test_run_lm_credit_quick(folder):
     assert [r["axis"] for r in res["fig6"]] == ["group_size", "num_prompts"]
     assert res["values"]["n_sampled"] % 2 == 0 and res["values"]["n_sampled"] <= 6
     assert res["values"]["pi_check_max_abs"] < 1e-9
+    # the no-coupling control by a plain loop over the saved tokens: positive-rollout minus negative-rollout
+    toks = [t for t in res["values"]["tokens"] if t["value"] is not None]
+    pos = [t["value"] for t in toks if t["adv"] > 0]
+    neg = [t["value"] for t in toks if t["adv"] < 0]
+    control = res["fig5a"]["all, self-only control"]
+    if pos and neg:
+        assert control["gap"] == pytest.approx(sum(pos) / len(pos) - sum(neg) / len(neg), abs=1e-12)
+    assert (control["n_boosted"], control["n_suppressed"]) == (len(pos), len(neg))
     md = markdown_lm_credit(res)
     for head in (
         "§4a",

@@ -61,3 +61,21 @@ def test_unknown_part_is_refused(tmp_path) -> None:
     with pytest.raises(ValueError, match="unknown part"):
         run_token_level(tmp_path, tmp_path, parts=("toy_table2",), progress=None)
     assert not (tmp_path / RESULT_FILE).exists()
+
+
+def test_a_partial_run_keeps_the_other_parts(tmp_path) -> None:
+    import json
+
+    first = run_token_level(tmp_path, tmp_path, quick=True, parts=("toy_values",), progress=None)
+    saved = json.loads((tmp_path / RESULT_FILE).read_text())
+    saved["toy_table1"] = {"marker": 1}  # as if an earlier run had made it
+    saved["seconds"]["toy_table1"] = 2.0
+    (tmp_path / RESULT_FILE).write_text(json.dumps(saved))
+    again = run_token_level(tmp_path, tmp_path, quick=True, parts=("toy_values",), progress=None)
+    assert again["toy_table1"] == {"marker": 1} and again["seconds"]["toy_table1"] == 2.0
+    assert load(tmp_path)["toy_table1"] == {"marker": 1}
+    assert set(first["toy_values"]) == set(again["toy_values"])
+    # another mode starts afresh: quick results never mix into a full file
+    (tmp_path / RESULT_FILE).write_text(json.dumps({**saved, "mode": "full"}))
+    fresh = run_token_level(tmp_path, tmp_path, quick=True, parts=("toy_values",), progress=None)
+    assert "toy_table1" not in fresh
