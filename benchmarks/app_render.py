@@ -38,7 +38,14 @@ from streamlit.testing.v1 import AppTest
 ROOT = Path(__file__).resolve().parents[1]
 
 PAGES = [
-    "shared_prefix", "clip_asymmetry", "transforms", "training_lab", "low_prob", "token_coupling", "runs", "about"
+    "shared_prefix",
+    "clip_asymmetry",
+    "transforms",
+    "training_lab",
+    "low_prob",
+    "token_coupling",
+    "runs",
+    "about",
 ]
 GOAL_S = 0.5
 #: the README's tiny model (``python -m scaledrun.tiny --out artifacts/tiny-qwen3``)

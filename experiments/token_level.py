@@ -159,7 +159,9 @@ def run_token_level(
             if part == "lm_table1":
                 from .coupling_lm import lm_table1
 
-                quick_kw: dict[str, Any] = {"seeds": (0,), "num_prompts": 1, "n_candidates": 8} if quick else {}
+                quick_kw: dict[str, Any] = (
+                    {"seeds": (0,), "num_prompts": 1, "n_candidates": 8} if quick else {}
+                )
                 result[part] = lm_table1(model_dir, **quick_kw)
             else:
                 from .lm_credit import run_lm_credit
