@@ -15,7 +15,7 @@ does), as one notebook made of:
    check cell must say "not solved yet";
 2. the exercise section again (every code cell from the first exercise cell on) with each exercise
    cell's source replaced by its solution: every check must say "correct";
-3. for each deliberately wrong answer in ``WRONG_ANSWERS`` (at least one per tutorial), the exercise
+3. for each deliberately wrong answer in ``WRONG_ANSWERS`` (at least two per exercise), the exercise
    section again with the solutions except that one answer: its check must say what is wrong (the
    expected words, e.g. "wrong shape"), the others "correct".
 
@@ -661,10 +661,14 @@ def test_exercises_ship_unsolved_with_solutions(path: Path) -> None:
         assert _signature(sol[e.function]) == _signature(func), f"{e.function}: signature differs"
 
     wrong = WRONG_ANSWERS[path.stem]
-    assert wrong, f"{path.name}: no deliberately wrong answer"
+    per_exercise = dict.fromkeys(sol, 0)
     for source, _ in wrong:
         (func,) = ast.parse(source).body
         assert func.name in sol, func.name
+        per_exercise[func.name] += 1
+    # every exercise must fail at least two plausible wrong answers (the run below checks that they do)
+    few = {name: n for name, n in per_exercise.items() if n < 2}
+    assert not few, f"{path.name}: exercises with fewer than two wrong answers in WRONG_ANSWERS: {few}"
 
 
 #: Tutorial 8 samples from and trains the tiny Qwen3: a ``sampling`` test (``tests/machines.py``).
