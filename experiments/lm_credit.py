@@ -1084,8 +1084,8 @@ def findings(result: dict[str, Any]) -> list[str]:
         f"{a['n_suppressed']} tokens, {_sign_word(a)}; the paper reports boosted > suppressed."
         + (
             f" The no-coupling control on the same tokens (each moved by its own coefficient alone, so boosted "
-            f"= the tokens of positive rollouts) gives {_f(c['gap'], 3, True)}: the part of the gap that needs "
-            "no cancellation."
+            f"= the tokens of positive rollouts) gives {_f(c['gap'], 3, True)}: sorting these tokens by their "
+            "rollout's advantage alone, with no cancellation, separates them by value too."
             if (c := result["fig5a"].get("all, self-only control")) and c.get("gap") is not None
             else ""
         )
