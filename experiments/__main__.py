@@ -3,7 +3,7 @@
     python -m experiments                 # everything: toy studies + language-model sweep, then the report
     python -m experiments --quick         # the smallest slice of each (a few minutes), its own folder
     python -m experiments --only toy      # only the toy studies (or: --only lm, the language-model power study)
-    python -m experiments --only coupling # the token-level instruments (cancellation hypothesis), ~10 min
+    python -m experiments --only coupling # the token-level instruments (cancellation hypothesis), ~5 min
     python -m experiments --only lm-grid  # the old five-seed language-model grid (not part of the default run)
     python -m experiments --report-only   # rebuild the report from the saved results, run nothing
 
@@ -115,6 +115,19 @@ def main(argv: list[str] | None = None) -> int:
                 study.save(out / f"{study.name}.json.gz")
 
     studies = _load(out)
+    from .token_level import load as load_token_level
+    from .token_level import markdown as token_level_markdown
+
+    token_level = load_token_level(out)
+    if not studies and token_level:  # only the token-level part has run: its section is the report
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.write_text(
+            "# Cancellation Lab: experiment report (token-level section only)\n\n"
+            f"No study results in {out} yet; `python -m experiments{' --quick' if args.quick else ''}` adds them.\n\n"
+            + token_level_markdown(token_level)
+        )
+        print(f"report: {report} (the token-level section only, {time.perf_counter() - started:.0f} s)")
+        return 0
     if not studies:
         print(
             f"error: no saved results in {out}; run `python -m experiments{' --quick' if args.quick else ''}` first"
@@ -123,10 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     given = sys.argv[1:] if argv is None else argv
     command = " ".join(["python -m experiments", shlex.join(given)]).strip()
     from .report import write_report
-    from .token_level import load as load_token_level
-    from .token_level import markdown as token_level_markdown
 
-    token_level = load_token_level(out)
     write_report(
         studies, report, png=not args.no_png, command=command, mode="quick" if args.quick else "full",
         appendix=token_level_markdown(token_level) if token_level else "",

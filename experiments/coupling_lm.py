@@ -1185,6 +1185,24 @@ def _sentences(result: dict[str, Any]) -> list[str]:
                    + ", ".join(UPDATE_LABEL[u] for u in holds) + " but not under "
                    + ", ".join(f"{UPDATE_LABEL[u]} (" + " / ".join(_pct(br[u][s]) for s in order) + ")"
                                for u in fails) + ".")  # fmt: skip
+
+    # how much of that ordering the sample can resolve: the SE of a rate over n candidates, √(p(1 − p)/n)
+    def se_pp(u: str, s: str) -> float:
+        p, n = br[u][s], t[u][s]["n"]
+        return 100.0 * math.sqrt(p * (1.0 - p) / n) if n else math.nan
+
+    lo_minus_random = "; ".join(
+        f"{UPDATE_LABEL[u]} {100.0 * (br[u]['low_confidence'] - br[u]['random']):+.1f} ± "
+        f"{math.hypot(se_pp(u, 'low_confidence'), se_pp(u, 'random')):.1f}"
+        for u in updates
+    )
+    out.append(
+        "Each rate is an estimate over its n candidates (SE about ±"
+        + f"{max(se_pp(u, s) for u in updates for s in MASK_SETS):.1f} points at most), so only differences of "
+        "more than about twice their SE are resolved; the rows same token, low confidence and both are not "
+        f"told apart here, while low confidence − random is {lo_minus_random} points (the paper has it "
+        "below random)."
+    )
     gaps = [
         abs(t[u][s]["first_order_gap"])
         for u in updates

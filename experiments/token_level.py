@@ -13,8 +13,8 @@ section of ``experiments/REPORT.md``:
 - ``lm_credit``: cancellation as filter (positive-only / negative-only / GRPO from one checkpoint) and the
   Monte Carlo counterfactual value on the tiny Qwen3 (``experiments.lm_credit``).
 
-``python -m experiments --only coupling`` runs them (about 10 min on a 2-core CPU; ``--quick`` a smaller
-slice) and saves ``<results>/token_level/token_level.json``; the report renders whatever is saved there
+``python -m experiments --only coupling`` runs them (about 5 min on a 2-core CPU, plus 2 min to build the
+tiny model the first time; ``--quick`` a smaller slice) and saves ``<results>/token_level/token_level.json``; the report renders whatever is saved there
 (``--report-only`` included). The file lives in a subfolder because the report reads every ``*.json`` of
 the results folder itself as a study.
 """

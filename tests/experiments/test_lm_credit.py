@@ -17,12 +17,14 @@ import pytest
 import torch
 
 from cancellation.coupling import counterfactual_value
+from cancellation.diagnostics import prefix_event_keys
 from experiments.coupling_lm import load_policy, sample_lm_batch
 from experiments.lm_credit import (
     FILTER_UPDATES,
     TOKEN_CLASSES,
     batch_tasks,
     displacement,
+    distinct_states,
     filter_coefficients,
     gap_interval,
     generate_from_states,
@@ -301,6 +303,23 @@ def test_mc_values_with_a_reward_the_token_guarantees(batch):
     want = counterfactual_value(mc["mean_forced"], mc["mean_state"], batch.probs_taken[idx])
     torch.testing.assert_close(mc["value"], want, rtol=0, atol=0, equal_nan=True)
     assert torch.equal(mc["pi"], batch.probs_taken[idx])
+
+
+def test_distinct_states_keeps_one_token_per_state_event(batch):
+    d = distinct_states(batch)
+    keys = prefix_event_keys(batch.completion_ids, batch.completion_mask, batch.group)[
+        batch.completion_mask.bool()
+    ]
+    # by a plain loop: a token is kept iff no earlier token has its key
+    seen, want = set(), []
+    for k in keys.tolist():
+        want.append(k not in seen)
+        seen.add(k)
+    assert d.tolist() == want
+    # the sampler never takes two tokens of one event
+    delta = torch.linspace(-1, 1, d.numel(), dtype=torch.float64)
+    idx = select_tokens(delta, torch.full_like(delta, 0.5), d.numel(), distinct=d)
+    assert len(set(keys[idx].tolist())) == idx.numel() and bool(d[idx].all())
 
 
 def test_run_lm_credit_quick(folder):

@@ -79,3 +79,14 @@ def test_a_partial_run_keeps_the_other_parts(tmp_path) -> None:
     (tmp_path / RESULT_FILE).write_text(json.dumps({**saved, "mode": "full"}))
     fresh = run_token_level(tmp_path, tmp_path, quick=True, parts=("toy_values",), progress=None)
     assert "toy_table1" not in fresh
+
+
+def test_report_only_with_the_token_level_part_alone(saved, tmp_path) -> None:
+    out, _ = saved
+    alone = tmp_path / "results"
+    (alone / RESULT_FILE).parent.mkdir(parents=True)
+    (alone / RESULT_FILE).write_text((out / RESULT_FILE).read_text())
+    report = tmp_path / "REPORT.md"
+    assert main(["--report-only", "--out", str(alone), "--report", str(report), "--no-png"]) == 0
+    text = report.read_text()
+    assert "token-level section only" in text and "## Token-level instruments" in text
