@@ -11,7 +11,7 @@ Nothing here computes a paper quantity: the curves plot the rows as given (mean 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
@@ -44,6 +44,55 @@ PALETTE = (
     "#FECB52",
 )
 
+#: one colour per arm, the same in every tutorial and on the Training lab's curves: label → a PALETTE
+#: colour. There are more arms than colours, so two arms share one only where no figure draws both. A
+#: label that combines an arm with a setting (an aggregation, ε = 0.2) takes its arm's colour and a
+#: dash or pattern of its own.
+ARM_COLORS: dict[str, str] = {
+    "GSPO": PALETTE[0],  # GSPO, the eq. 86 control and DFPO in the order of the Training lab's first screen
+    "eq. 86 control": PALETTE[1],
+    "DFPO Min-Replace": PALETTE[2],
+    "GRPO": PALETTE[3],
+    "GRPO-fix": PALETTE[4],
+    "DFPO ppo_clip": PALETTE[5],
+    "GSPO s=Πr": PALETTE[6],
+    "DFPO positive QP": PALETTE[7],
+    "DFPO truncate-rebalance": PALETTE[8],
+    "DFPO Orth-Proj": PALETTE[9],
+    # arms that never share a figure with the arm above of the same colour
+    "DAPO clip-higher": PALETTE[5],
+    "DFPO (no stop-grad)": PALETTE[6],
+    "DFPO (scale by 0.5)": PALETTE[7],
+    "GRPO + AR (α=0.2)": PALETTE[5],
+    "GRPO + Lopti (η=0.4)": PALETTE[6],
+    "GRPO + AR + Lopti": PALETTE[8],
+    "query-preserved mini-batches": PALETTE[0],
+    "random mini-batches": PALETTE[1],
+    "SGD": PALETTE[8],
+    "Adam": PALETTE[9],
+}
+#: the same arms under the app's labels (``toymodel.compare.VARIANTS``, the Training lab's own, and the
+#: LM trainer's ``--objective``)
+ARM_COLORS.update(
+    {
+        alias: ARM_COLORS[arm]
+        for alias, arm in {
+            "grpo": "GRPO",
+            "grpo_symclip": "GRPO-fix",
+            "gspo": "GSPO",
+            "gspo eq.86": "eq. 86 control",
+            "gspo (paper estimator, eq. 86)": "eq. 86 control",
+            "dfpo": "DFPO Min-Replace",
+            "dfpo min_replace": "DFPO Min-Replace",
+            "dfpo orth_proj": "DFPO Orth-Proj",
+            "dfpo orth_proj_pos": "DFPO positive QP",
+            "dfpo truncate_rebalance": "DFPO truncate-rebalance",
+            "dfpo min_replace ppo_clip": "DFPO ppo_clip",
+            "dfpo min_replace (ppo_clip, trust region)": "DFPO ppo_clip",
+        }.items()
+    }
+)
+
 #: the weight-space picture's colours and the words the Group transforms page's caption uses for them: the
 #: line Âᵀv = 0 (G = 2), the plane Âᵀv = 0 (G = 3) and the edges of its part where v ≥ 0 (G = 3, eq. 51)
 LINE_COLOR, LINE_COLOR_WORD = "gray", "grey"
@@ -61,6 +110,16 @@ Run = Sequence[Row]
 def color(i: int) -> str:
     """The i-th colour of ``PALETTE`` (cycling)."""
     return PALETTE[i % len(PALETTE)]
+
+
+def arm_colors(labels: Iterable[str]) -> dict[str, str]:
+    """label → colour for one figure: ``ARM_COLORS``' colour for an arm it names, and for every other
+    label the next ``PALETTE`` colour that none of those arms uses (in order, cycling)."""
+    labels = list(labels)
+    taken = {ARM_COLORS[label] for label in labels if label in ARM_COLORS}
+    free = [c for c in PALETTE if c not in taken] or list(PALETTE)
+    others = [label for label in labels if label not in ARM_COLORS]
+    return {label: ARM_COLORS.get(label) or free[others.index(label) % len(free)] for label in labels}
 
 
 def _rgba(hex_color: str, alpha: float) -> str:
@@ -117,10 +176,11 @@ def curve_figure(
     """
     traces: list[go.Scatter] = []
     any_value = False
-    for i, (label, runs) in enumerate(runs_by_label.items()):
+    colors = arm_colors(runs_by_label)  # an arm the tutorials draw keeps its colour here
+    for label, runs in runs_by_label.items():
         x, mean, std, n = seed_band(runs, metric, x_key)
         any_value = any_value or bool(n.any())
-        c = color(i)
+        c = colors[label]
         if len(runs) > 1:
             upper, lower = mean + std, mean - std
             band_x = np.concatenate([x, x[::-1]])

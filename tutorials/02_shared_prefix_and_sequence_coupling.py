@@ -29,9 +29,9 @@ import plotly.graph_objects as go
 import plotly.io as pio
 import torch
 from exercise_check import check, expect_close, reject  # the exercises' check cells (next to this file)
-from show import table  # aligned tables of the numbers the cells compute
+from show import fmt, table  # aligned tables of the numbers the cells compute
 
-from app.figures import SYMBOLS, color  # the app's palette and marker symbols
+from app.figures import ARM_COLORS, SYMBOLS  # one colour per arm (the app's) and marker symbols
 from cancellation import compute_loss
 from cancellation.diagnostics import token_coefficients
 from cancellation.objectives import sequence_log_ratio
@@ -110,12 +110,13 @@ print("net on the shared steps t = 1, 2:", coef_grpo[:, :2].sum(0))
 
 # %%
 s_prod = sequence_log_ratio(logp, old_logp, mask, length_norm=False).exp()
-print("s = Π_t r (eq. 37):", s_prod, "  ρ1ρ2λ =", [rho1 * rho2 * lam1, rho1 * rho2 * lam2])
+print("s = Π_t r (eq. 37):", s_prod, "  ρ1ρ2λ =", [fmt(rho1 * rho2 * lam1), fmt(rho1 * rho2 * lam2)])
 coef_seq = token_coefficients("gspo", logp, old_logp, adv, mask, group, length_norm=False, **NO_CLIP)
 print("\ncoefficients, s = Π r:\n", coef_seq)
-print("\nnet on shared step t = 1 (autograd):      ", float(coef_seq[:, 0].sum()))
-print("eq. (38)/G (toymodel.theory):             ", theory.eq38_coefficient(rho1, rho2, lam1, lam2, A))
-print("eq. (38) itself, A·ρ1·ρ2·(λ2 − λ1):       ", theory.eq38_surrogate(rho1, rho2, lam1, lam2, A))
+net_seq, eq38 = float(coef_seq[:, 0].sum()), theory.eq38_coefficient(rho1, rho2, lam1, lam2, A)
+print("\nnet on shared step t = 1 (autograd):      ", fmt(net_seq))
+print("eq. (38)/G (toymodel.theory):             ", fmt(eq38), f"  (difference {fmt(net_seq - eq38, 2)})")
+print("eq. (38) itself, A·ρ1·ρ2·(λ2 − λ1):       ", fmt(theory.eq38_surrogate(rho1, rho2, lam1, lam2, A)))
 
 # %% [markdown]
 # GSPO proper uses the length-normalised ratio $s_i = (\prod_t r_{i,t})^{1/T_i}$ (eq. 44). Each token
@@ -124,8 +125,9 @@ print("eq. (38) itself, A·ρ1·ρ2·(λ2 − λ1):       ", theory.eq38_surroga
 
 # %%
 coef_gspo = token_coefficients("gspo", logp, old_logp, adv, mask, group, **NO_CLIP)
-print("net on t = 1, GSPO (autograd):", float(coef_gspo[:, 0].sum()))
-print("closed form (A/(G·T))(s2 − s1):", theory.eq38_gspo_coefficient(rho1, rho2, lam1, lam2, A))
+net_gspo, closed = float(coef_gspo[:, 0].sum()), theory.eq38_gspo_coefficient(rho1, rho2, lam1, lam2, A)
+print("net on t = 1, GSPO (autograd): ", fmt(net_gspo))
+print("closed form (A/(G·T))(s2 − s1):", fmt(closed), f"  (difference {fmt(net_gspo - closed, 2)})")
 
 # %% [markdown]
 # ## 4. The same numbers for many settings, and DFPO
@@ -142,8 +144,8 @@ variants = {
     "GRPO": ("grpo", {}),
     "GSPO s=Πr": ("gspo", {"length_norm": False}),
     "GSPO": ("gspo", {}),
-    "DFPO min": ("dfpo", {"transform": "min_replace"}),
-    "DFPO orth": ("dfpo", {"transform": "orth_proj"}),
+    "DFPO Min-Replace": ("dfpo", {"transform": "min_replace"}),
+    "DFPO Orth-Proj": ("dfpo", {"transform": "orth_proj"}),
 }
 rows = []
 for setting in settings:
@@ -177,10 +179,10 @@ for i, (name, ys) in enumerate(nets.items()):
         mode="markers",
         name=f"{name} (autograd)" + (": 0 (to rounding)" if zero else ""),
         marker={
-            "color": color(i),
+            "color": ARM_COLORS[name],
             "symbol": SYMBOLS[i],
             "size": 16 - 2 * i,
-            "line": {"width": 2, "color": color(i)},
+            "line": {"width": 2, "color": ARM_COLORS[name]},
         },
     )
 
@@ -189,14 +191,14 @@ fig.add_scatter(
     x=lam2_grid,
     y=[theory.eq38_coefficient(rho1, rho2, lam1, l2) for l2 in lam2_grid],
     mode="lines",
-    line={"color": color(1)},
+    line={"color": ARM_COLORS["GSPO s=Πr"]},
     name="eq. (38)/G (GSPO s=Πr, closed form)",
 )
 fig.add_scatter(
     x=lam2_grid,
     y=[theory.eq38_gspo_coefficient(rho1, rho2, lam1, l2) for l2 in lam2_grid],
     mode="lines",
-    line={"color": color(2)},
+    line={"color": ARM_COLORS["GSPO"]},
     name="(A/(G·T))(s2 − s1) (GSPO, closed form)",
 )
 fig.add_vline(x=lam1, line_dash="dot", annotation_text="λ2 = λ1")

@@ -31,7 +31,7 @@ from exercise_check import check, expect_close, reject, switched_off  # the exer
 from plotly.subplots import make_subplots
 from show import fmt, report_rows, table  # tables of the cells' numbers; quotes of experiments/REPORT.md
 
-from app.figures import color, seed_band  # the app's palette and its mean ± 1 std over seeds
+from app.figures import ARM_COLORS, seed_band  # one colour per arm (the app's); its mean ± 1 std over seeds
 from cancellation import compute_loss, group_advantages
 from cancellation.objectives import sequence_log_ratio
 from toymodel import simulate
@@ -167,7 +167,7 @@ print(
 # We compare six variants over 5 seeds. GSPO's own clip range is $\varepsilon = 3\cdot10^{-4} /
 # 4\cdot10^{-4}$; the "ε=0.2" variants use GRPO's range instead. DFPO runs the paper's estimator
 # (every completion, clipped or not, keeps $\tilde s_i\hat A_i$ on $\nabla\log s_i$; tutorial 5), and
-# "GSPO eq. 86" is GSPO's weight $\bar s_i$ under that same estimator with no transform: the control
+# the "eq. 86 control" is GSPO's weight $\bar s_i$ under that same estimator with no transform: the control
 # that tells the estimator's effect from the transform's.
 
 # %%
@@ -175,7 +175,7 @@ E02 = {"epsilon_low": 0.2, "epsilon_high": 0.2}
 runs_spec = {
     "GRPO": ("grpo", {}),
     "GSPO": ("gspo", {}),
-    "GSPO eq. 86": ("gspo", {"estimator": "paper"}),
+    "eq. 86 control": ("gspo", {"estimator": "paper"}),
     "DFPO Min-Replace": ("dfpo", {"transform": "min_replace"}),
     "GSPO ε=0.2": ("gspo", E02),
     "DFPO Min-Replace ε=0.2": ("dfpo", {"transform": "min_replace", **E02}),
@@ -185,11 +185,12 @@ runs = {
     name: [simulate(sc, obj, steps=STEPS, seed=seed, **params) for seed in SEEDS]
     for name, (obj, params) in runs_spec.items()
 }
-ARM_COLOR = {name: color(i) for i, name in enumerate(runs_spec)}  # one colour per arm, in every panel
+ARM_COLOR = {name: ARM_COLORS[name.removesuffix(" ε=0.2")] for name in runs_spec}  # as in every tutorial
 
 # %% [markdown]
 # Each curve is the mean over the 5 seeds with a band of ±1 standard deviation (`app.figures.seed_band`,
-# the app's own curves); an arm has the same colour in both panels.
+# the app's own curves). An arm has the same colour in both panels and in every tutorial
+# (`app.figures.ARM_COLORS`); at ε = 0.2 it is dotted.
 
 
 # %%
@@ -204,8 +205,9 @@ def add_curve(fig, name, rows_by_seed, key, col):
         x=[*x, *x[::-1]], y=[*(mean + std), *(mean - std)[::-1]], legendgroup=name, **band, row=1, col=col
     )
     fig.add_scatter(
-        x=x, y=mean, name=name, legendgroup=name, showlegend=col == 1, line={"color": c}, row=1, col=col
-    )
+        x=x, y=mean, name=name, legendgroup=name, showlegend=col == 1, row=1, col=col,
+        line={"color": c, "dash": "dot" if name.endswith("ε=0.2") else None},
+    )  # fmt: skip
 
 
 fig = make_subplots(rows=1, cols=2, subplot_titles=("log π(τ2)/π(τ3)", "equivalent-set entropy (nats)"))
@@ -289,6 +291,15 @@ report_rows("toy_main", "equivalent-set entropy")
 
 
 # %%
+# the check's cases, worked out by hand (θ_old is uniform: π_old(The) = π_old(10) = π_old(25 | …) =
+# π_old(20 | …) = 1/2; |τ| = 5, 5, 6): π_θ → Π r of τ1, τ2, τ3
+weight_cases = [
+    ({(): {"The": 0.3, "10": 0.7}}, [0.6, 0.6, 1.4]),
+    ({(): {"The": 0.6, "10": 0.4}, ("The", "answer", "is"): {"25": 0.1, "20": 0.9}}, [0.24, 2.16, 0.8]),
+]
+
+
+# %%
 def my_sequence_weights(theta: torch.Tensor, length_norm: bool) -> torch.Tensor:
     """(3,) sequence weights at θ against θ_old: Π_t r (length_norm=False) or GSPO's (Π_t r)^(1/|τ|)."""
     raise NotImplementedError("Exercise 3.1: replace this line with your code")
@@ -296,13 +307,7 @@ def my_sequence_weights(theta: torch.Tensor, length_norm: bool) -> torch.Tensor:
 
 # %%
 with check("3.1"):
-    # by hand (θ_old is uniform: π_old(The) = π_old(10) = π_old(25 | …) = π_old(20 | …) = 1/2; |τ| = 5, 5, 6):
-    # π_θ(The) = 0.3: Π r = 0.6, 0.6, 1.4;  π_θ(The) = 0.6, π_θ(20 | The answer is) = 0.9: Π r = 0.24, 2.16, 0.8
-    cases = [
-        ({(): {"The": 0.3, "10": 0.7}}, [0.6, 0.6, 1.4]),
-        ({(): {"The": 0.6, "10": 0.4}, ("The", "answer", "is"): {"25": 0.1, "20": 0.9}}, [0.24, 2.16, 0.8]),
-    ]
-    for probs, prod in cases:
+    for probs, prod in weight_cases:
         th = policy.logits_from_probs(probs)
         gspo = torch.tensor([prod[0] ** (1 / 5), prod[1] ** (1 / 5), prod[2] ** (1 / 6)], dtype=f64)
         prod = torch.tensor(prod, dtype=f64)
@@ -331,6 +336,14 @@ with check("3.1"):
 
 
 # %%
+# the check's values, worked out by hand: p = 1/(1 + e^(−ℓ)), H = −p·ln p − (1 − p)·ln(1 − p); ℓ = 0: ln 2;
+# ℓ = −ln 2: p = 1/3. Then the same in bits, and −p·ln p alone (two wrong answers the check names).
+entropy_by_hand = {-2.8: 0.219541, 0.0: 0.693147, -0.6931471805599453: 0.636514, 1.5: 0.475052}
+entropy_in_bits = {0.0: 1.0, -0.6931471805599453: 0.918296, -2.8: 0.31673, 1.5: 0.685355}
+entropy_one_term = {0.0: 0.346574, -0.6931471805599453: 0.366204, -2.8: 0.163892, 1.5: 0.16467}
+
+
+# %%
 def my_equiv_entropy(log_odds: float) -> float:
     """Entropy (nats) of (p, 1 − p), p = τ2's share of the equivalent set, from ℓ = log π(τ2)/π(τ3)."""
     raise NotImplementedError("Exercise 3.2: replace this line with your code")
@@ -338,11 +351,7 @@ def my_equiv_entropy(log_odds: float) -> float:
 
 # %%
 with check("3.2"):
-    # by hand: p = 1/(1 + e^(−ℓ)), H = −p·ln p − (1 − p)·ln(1 − p); ℓ = 0: ln 2; ℓ = −ln 2: p = 1/3
-    by_hand = {-2.8: 0.219541, 0.0: 0.693147, -0.6931471805599453: 0.636514, 1.5: 0.475052}
-    in_bits = {0.0: 1.0, -0.6931471805599453: 0.918296, -2.8: 0.31673, 1.5: 0.685355}
-    one_term = {0.0: 0.346574, -0.6931471805599453: 0.366204, -2.8: 0.163892, 1.5: 0.16467}
-    for ell, expected in by_hand.items():
+    for ell, expected in entropy_by_hand.items():
         got = my_equiv_entropy(ell)
         if ell == -2.8:  # p = e^ℓ = 0.0608 would give 0.229191
             reject(
@@ -353,13 +362,13 @@ with check("3.2"):
             )
         reject(
             got,
-            in_bits[ell],
+            entropy_in_bits[ell],
             f"the entropy at ℓ = {ell:g} is in bits (log base 2); the toy's entropies are in nats (natural log)",
             rtol=1e-4,
         )
         reject(
             got,
-            one_term[ell],
+            entropy_one_term[ell],
             f"the entropy at ℓ = {ell:g} is only −p·ln p; the other answer's share 1 − p has its term too",
             rtol=1e-4,
         )

@@ -31,7 +31,7 @@ from exercise_check import check, ensure, expect_close, reject, switched_off  # 
 from plotly.subplots import make_subplots
 from show import report_rows, table  # tables of the cells' numbers; quotes of experiments/REPORT.md
 
-from app.figures import SYMBOLS, color  # the app's palette and marker symbols
+from app.figures import ARM_COLORS, SYMBOLS  # one colour per arm (the app's) and marker symbols
 from cancellation import compute_loss
 from cancellation.diagnostics import token_coefficients
 from cancellation.objectives import sign_aware_clip
@@ -252,7 +252,7 @@ fig = make_subplots(
     rows=1, cols=2, subplot_titles=("surrogate C(w) (eq. 75/76)", "net ∂J/∂logp of the shared token")
 )
 for i, (name, (objective, params, jumps)) in enumerate(curves.items()):
-    c = color(i)
+    c = ARM_COLORS[name.split(" (")[0]]  # the arm's colour in every tutorial
     autograd = [clip_asymmetry_net(objective, w, **params) for w in ws]
     zero = max(abs(y) for y in autograd) < 1e-12  # 0 up to float rounding on the whole grid
     if objective == "grpo":
@@ -333,6 +333,14 @@ table(summary)
 
 
 # %%
+# the check's case, worked out by hand with the clip range [0.8, 1.28]: A ≥ 0 keeps min(r, c), A < 0 max(r, c)
+# (the last two have A = 0, which takes min(r, c) like A > 0)
+clip_r = torch.tensor([0.5, 0.5, 0.75, 0.9, 0.9, 1.25, 1.5, 1.5, 1.5, 0.5], dtype=f64)
+clip_a = torch.tensor([1.0, -1.0, -1.0, 1.0, -1.0, 1.0, 1.0, -1.0, 0.0, 0.0], dtype=f64)
+clip_s_bar = torch.tensor([0.5, 0.8, 0.8, 0.9, 0.9, 1.25, 1.28, 1.5, 1.28, 0.5], dtype=f64)
+
+
+# %%
 def my_sign_aware_clip(
     r: torch.Tensor, adv: torch.Tensor, epsilon_low: float, epsilon_high: float
 ) -> torch.Tensor:
@@ -342,15 +350,14 @@ def my_sign_aware_clip(
 
 # %%
 with check("4.1"):
-    ex_r = torch.tensor([0.5, 0.5, 0.75, 0.9, 0.9, 1.25, 1.5, 1.5], dtype=f64)
-    ex_a = torch.tensor([1.0, -1.0, -1.0, 1.0, -1.0, 1.0, 1.0, -1.0], dtype=f64)
-    # by hand, clip range [0.8, 1.28]: A > 0 keeps min(r, c), A < 0 keeps max(r, c)
-    by_hand = torch.tensor([0.5, 0.8, 0.8, 0.9, 0.9, 1.25, 1.28, 1.5], dtype=f64)
-    plain_clip = torch.tensor([0.8, 0.8, 0.8, 0.9, 0.9, 1.25, 1.28, 1.28], dtype=f64)
-    signs_swapped = torch.tensor([0.8, 0.5, 0.75, 0.9, 0.9, 1.25, 1.5, 1.28], dtype=f64)
-    eps_swapped = torch.tensor([0.5, 0.72, 0.75, 0.9, 0.9, 1.2, 1.2, 1.5], dtype=f64)
+    plain_clip = torch.tensor([0.8, 0.8, 0.8, 0.9, 0.9, 1.25, 1.28, 1.28, 1.28, 0.8], dtype=f64)
+    signs_swapped = torch.tensor([0.8, 0.5, 0.75, 0.9, 0.9, 1.25, 1.5, 1.28, 1.5, 0.8], dtype=f64)
+    eps_swapped = torch.tensor([0.5, 0.72, 0.75, 0.9, 0.9, 1.2, 1.2, 1.5, 1.2, 0.5], dtype=f64)
     with switched_off(globals(), "sign_aware_clip"):
-        got = my_sign_aware_clip(ex_r, ex_a, 0.2, 0.28)
+        got = my_sign_aware_clip(clip_r, clip_a, 0.2, 0.28)
+    ensure(not isinstance(got, torch.Tensor) or got.shape != clip_r.shape or bool(got[clip_a == 0].isfinite().all()),
+           f"s̄ at A = 0 (the last two entries) is {got[-2:].tolist() if isinstance(got, torch.Tensor) else got}: dividing "
+           "min(rA, cA) by A fails there; write s̄ from r and c (eq. 47), and A = 0 takes min(r, c) like A > 0")  # fmt: skip
     reject(
         got,
         plain_clip,
@@ -366,7 +373,7 @@ with check("4.1"):
         eps_swapped,
         "s̄: ε_low and ε_high are swapped: the range is [1 − ε_low, 1 + ε_high] = [0.8, 1.28]",
     )
-    expect_close(got, by_hand, "s̄ (ε_low = 0.2, ε_high = 0.28)")
+    expect_close(got, clip_s_bar, "s̄ (ε_low = 0.2, ε_high = 0.28)")
 
 # %% [markdown]
 # **Exercise 4.2 — one token's coefficient, GRPO and GRPO-fix.** Write `my_token_coefficient(r, adv,

@@ -33,10 +33,10 @@
 import plotly.graph_objects as go
 import plotly.io as pio
 import torch
-from exercise_check import check, ensure, expect_close  # the exercises' check cells (next to this file)
+from exercise_check import check, ensure, expect_close, reject, switched_off  # the exercises' checks
 from show import report_rows, table  # tables, and quotes of experiments/REPORT.md
 
-from app.figures import PALETTE, curve_figure  # the app's colours and its mean ± 1 std seed curves
+from app.figures import ARM_COLORS, curve_figure  # one colour per arm; the app's mean ± 1 std seed curves
 from cancellation import group_advantages
 from cancellation.diagnostics import shared_residual, token_coefficients
 from cancellation.objectives import sequence_log_ratio, sign_aware_clip
@@ -52,18 +52,17 @@ torch.set_printoptions(precision=4, sci_mode=False)
 f64 = torch.float64
 
 # %% [markdown]
-# One colour per arm in every figure, from the app's palette, in the order of the Training lab's
-# first screen (GSPO, the eq. 86 control, DFPO); the same arm at ε = 0.2 keeps its colour, dotted.
+# One colour per arm, the same in every tutorial and on the Training lab (`app.figures.ARM_COLORS`,
+# the app's palette); the same arm at ε = 0.2 keeps its colour, dotted. This tutorial's labels:
 
 # %%
-COLOR = {
-    "GSPO": PALETTE[0], "eq. 86 control": PALETTE[1], "DFPO (Min-Replace)": PALETTE[2],
-    "orth_proj": PALETTE[3], "orth_proj_pos": PALETTE[4], "truncate_rebalance": PALETTE[5],
-    "DFPO ppo_clip": PALETTE[6], "DFPO (no stop-grad)": PALETTE[7], "DFPO (scale by 0.5)": PALETTE[8],
-    "GSPO ε=0.2": PALETTE[0], "DFPO (Min-Replace) ε=0.2": PALETTE[2],
+ARM_OF = {  # this tutorial's label → the arm's name in ARM_COLORS
+    "s̄ (GSPO)": "GSPO", "DFPO (Min-Replace)": "DFPO Min-Replace", "min_replace": "DFPO Min-Replace",
+    "orth_proj": "DFPO Orth-Proj", "orth_proj_pos": "DFPO positive QP",
+    "truncate_rebalance": "DFPO truncate-rebalance",
 }  # fmt: skip
-COLOR["min_replace"] = COLOR["DFPO (Min-Replace)"]
-COLOR["s̄ (GSPO)"] = COLOR["GSPO"]
+COLOR = {**ARM_COLORS, **{label: ARM_COLORS[arm] for label, arm in ARM_OF.items()}}
+COLOR.update({f"{label} ε=0.2": COLOR[label] for label in ("GSPO", "DFPO (Min-Replace)")})
 
 # %% [markdown]
 # ## 1. A hand-made group and its post-clip weights
@@ -119,13 +118,15 @@ table(
         for name, w in results.items()
     ]
 )  # fmt: skip
+shrink = float(adv.abs() @ s_bar / (adv.abs() @ results["min_replace"]))
+print(f"\nMin-Replace shrinks the group's step Σ|Â|·s by {shrink:.1f}× (Σ|Â|·s̄ over Σ|Â|·s̃)")
 
 # %% [markdown]
 # All four reach $\sum_i \hat A_i \tilde s_i = 0$ (up to rounding). They differ in how far they move the
 # weights:
 #
 # * **Min-Replace** gives everyone the smallest weight (0.04 here): exchangeable by construction, but
-#   one unlikely completion shrinks the whole group's step by 30×. (App. C: a shrink, never a sign flip.)
+#   one unlikely completion shrinks the whole group's step about 22× (the line under the table). (App. C: a shrink, never a sign flip.)
 # * **Orth-Proj** is the smallest change that satisfies eq. (73), but it can go **negative** (the
 #   completion with $\bar s = 0.04$ ends at −0.013): a correct completion would be pushed *down*.
 # * The **positive QP** is the closest non-negative vector; `orth_proj_pos` solves it exactly (its
@@ -458,7 +459,7 @@ report_rows("toy_main", "cancels on tokens the whole group shares, GSPO does not
 # **Exercise 5.1 — Min-Replace and Orth-Proj.** For **one** group, given its post-clip weights
 # $\bar{\mathbf s}$ and advantages $\hat{\mathbf A}$ (both `(G,)`), return the pair
 # (Min-Replace's $\tilde{\mathbf s}$, eq. 50; Orth-Proj's $\tilde{\mathbf s}$, eq. 18), each `(G,)`, written with
-# plain tensor operations (a line each).
+# plain tensor operations (a line each): `min_replace` and `TRANSFORMS` are switched off during the check.
 
 
 # %%
@@ -477,7 +478,8 @@ with check("5.1"):
     ]  # fmt: skip
     for a, sb, want_mr, want_op in cases:
         a_, sb_ = torch.tensor(a, dtype=f64), torch.tensor(sb, dtype=f64)
-        got = my_min_replace_and_orth_proj(sb_, a_)
+        with switched_off(globals(), "min_replace"), switched_off(TRANSFORMS, *list(TRANSFORMS)):
+            got = my_min_replace_and_orth_proj(sb_, a_)
         ensure(
             isinstance(got, (tuple, list)) and len(got) == 2,
             f"expected a pair (Min-Replace, Orth-Proj), got {got!r}",
@@ -495,7 +497,17 @@ with check("5.1"):
 # $\mathbf s$ and advantages $\hat{\mathbf A}$ (both `(G,)`) and one $\varepsilon$ for both sides,
 # return the pair ($\bar{\mathbf s}$, eq. 47; $\boldsymbol\varphi$ with $\varphi_i = \tilde s_i/\bar s_i$ for
 # Min-Replace), the factor by which DFPO's coefficients are the eq. 86 control's (section 4). Mind
-# which side of the clip applies to which sign of $\hat A$.
+# which side of the clip applies to which sign of $\hat A$ ($\hat A = 0$ goes with $\hat A \ge 0$, as in eq. 47).
+# `sign_aware_clip` is switched off during the check.
+
+
+# %%
+# the check's second group, worked out by hand (ε = 0.2): its smallest ratio s = 0.5 has Â < 0 and is clipped up
+# to 0.8, so min s̄ = 0.7 (Â > 0, s below 1 − ε, kept) is not min s; Â = 0 takes min(s, c) like Â > 0
+s2_ex = torch.tensor([0.7, 1.1, 0.5, 1.3, 1.5], dtype=f64)
+adv2_ex = torch.tensor([1.0, 0.0, -1.0, -1.0, 0.0], dtype=f64)
+s2_s_bar = torch.tensor([0.7, 1.1, 0.8, 1.3, 1.2], dtype=f64)
+s2_phi = torch.tensor([1.0, 0.7 / 1.1, 0.7 / 0.8, 0.7 / 1.3, 0.7 / 1.2], dtype=f64)  # φ_i = 0.7 / s̄_i
 
 
 # %%
@@ -516,7 +528,8 @@ with check("5.2"):
            "ratio that moved in the advantage's direction", "inside [1 − ε, 1 + ε]", "Â < 0 and s above 1 + ε: "
            "max(s, c) = s, the clip only caps a ratio that moved in the advantage's direction",
            "Â < 0 and s below 1 − ε: the clip binds", "inside [1 − ε, 1 + ε]"]  # fmt: skip
-    got = my_post_clip_and_shrink(s_ex, adv_ex, 0.2)
+    with switched_off(globals(), "sign_aware_clip"):
+        got, got2 = my_post_clip_and_shrink(s_ex, adv_ex, 0.2), my_post_clip_and_shrink(s2_ex, adv2_ex, 0.2)
     ensure(
         isinstance(got, (tuple, list)) and len(got) == 2, f"expected a pair (s̄, φ), got {got!r}", "wrong type"
     )
@@ -527,6 +540,10 @@ with check("5.2"):
     # Min-Replace: s̃ = min s̄ = 0.5 everywhere, so φ_i = 0.5 / s̄_i
     want_phi = torch.tensor([0.5 / 1.2, 1.0, 0.5, 0.5 / 1.5, 0.5 / 0.8, 0.5 / 0.9], dtype=f64)
     expect_close(got[1], want_phi, "the shrink factors φ_i = s̃_i / s̄_i", at="(s̃_i = min_j s̄_j = 0.5)")
+    at2 = f"at s = {s2_ex.tolist()}, Â = {adv2_ex.tolist()}"
+    expect_close(got2[0], s2_s_bar, "s̄", at=at2 + " (Â = 0 takes min(s, c), as Â ≥ 0 does)")
+    reject(got2[1], 0.5 / s2_s_bar, f"φ {at2}: your numerator is the smallest raw ratio, min_j s_j = 0.5 (Â < 0, clipped up to s̄ = 0.8); Min-Replace's s̃ is the smallest post-clip weight, min_j s̄_j = 0.7")  # fmt: skip
+    expect_close(got2[1], s2_phi, "the shrink factors φ_i = s̃_i / s̄_i", at=at2 + " (s̃_i = min_j s̄_j = 0.7)")
 
 # %% [markdown]
 # **Exercise 5.3 — the paper's estimator.** Write DFPO's per-token coefficients
@@ -535,6 +552,32 @@ with check("5.2"):
 # each completion's $|y_i|$ tokens, $\varepsilon$ is both clip sides. Every completion, clipped or not,
 # gets $\tilde s_i\hat A_i/(G\,|y_i|)$ on each of its tokens, 0 on padding; $s_i$ is the geometric mean of
 # its token ratios (eq. 44).
+
+
+# %%
+# two more groups for the check (ε = 0.2, Â = [1, 0.5, −0.5, −1]), worked out by hand: completion i's tokens
+# get s̃·Â_i/(4·|y_i|); in both the smallest s̄ is completion 0's own unclipped s, so s̃ is that s
+dfpo_adv = torch.tensor([1.0, 0.5, -0.5, -1.0], dtype=f64)
+# group 2: mean log r = [−0.3, 0.1, 0, 0.3]; s = e^(−0.3) ≈ 0.741 (Â > 0, below 1 − ε) keeps min(s, c) = s
+lr2_ex = torch.tensor([[-0.3, -0.3, -0.3], [0.1, 0.1, 0.0], [0.0, 0.0, 0.0], [0.2, 0.4, 0.3]], dtype=f64)
+mask2_ex = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 1], [1, 1, 1]], dtype=f64)
+unit2 = torch.tensor([[1 / 12] * 3, [0.5 / 8] * 2 + [0.0], [-0.5 / 12] * 3, [-1 / 12] * 3], dtype=f64)
+# group 3: mean log r over the real tokens = [−0.1, 0.1, 0.05, 0.1]; completion 2 (Â < 0) has 2 tokens and a
+# padding log r of −9.9, which would pull its s down to e^(−3.27) and the clip up to 0.8, below e^(−0.1)
+lr3_ex = torch.tensor([[-0.1, -0.1, -0.1], [0.0, 0.1, 0.2], [0.05, 0.05, -9.9], [0.1, 0.0, 0.2]], dtype=f64)
+mask3_ex = torch.tensor([[1, 1, 1], [1, 1, 1], [1, 1, 0], [1, 1, 1]], dtype=f64)
+unit3 = torch.tensor([[1 / 12] * 3, [0.5 / 12] * 3, [-0.5 / 8] * 2 + [0.0], [-1 / 12] * 3], dtype=f64)
+dfpo_more = [  # (log r, mask, Â_i/(G·|y_i|) per token, s̃, the case, [(s̃ a known slip gives, what it is)])
+    (lr2_ex, mask2_ex, unit2, 0.7408182206817179, "for group 2 (s̃ = min s̄ = completion 0's s = e^(−0.3))", [
+        (0.8, "s̄ of completion 0 (s = e^(−0.3) ≈ 0.741, Â > 0) is s itself: eq. (47) takes min(s, c) for Â ≥ 0, "
+              "it does not lift a ratio below 1 − ε; a plain clip made it 0.8, and s̃ = min s̄ with it"),
+        (0.4065696597405991, "s_i is the product Π_t r_{i,t} (completion 0: e^(−0.9)); eq. (44) takes the "
+                             "geometric mean, exp(Σ_t log r_{i,t} / |y_i|) = e^(−0.3)")]),
+    (lr3_ex, mask3_ex, unit3, 0.9048374180359595, "for group 3 (s̃ = min s̄ = completion 0's s = e^(−0.1))", [
+        (0.8, "completion 2's s counts its padding (log r = −9.9): the mean over all T positions gives s ≈ 0.04, "
+              "clipped up to 0.8 (Â < 0), which became s̃ = min s̄; eq. (44) averages log r over its |y_2| = 2 "
+              "real tokens only (s = e^0.05)")]),
+]  # fmt: skip
 
 
 # %%
@@ -564,3 +607,8 @@ with check("5.3"):
     )
     for i, note in enumerate(why):
         expect_close(got[i], want[i], f"the coefficients of completion {i}", at=f"({note})")
+    for lr_, mask_, unit, s_tilde, case, slips in dfpo_more:  # the cell before the exercise
+        got = my_dfpo_coefficients(lr_, dfpo_adv, mask_, 0.2)
+        for s_slip, message in slips:
+            reject(got, s_slip * unit, message)
+        expect_close(got, s_tilde * unit, "the coefficients", at=case)

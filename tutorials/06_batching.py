@@ -37,7 +37,7 @@ import torch
 from exercise_check import check, ensure, expect_close, expect_equal, number  # the exercises' checks
 from show import report_rows, table  # tables, and quotes of experiments/REPORT.md
 
-from app.figures import PALETTE, curve_figure  # the app's colours and its mean ± 1 std seed curves
+from app.figures import curve_figure  # the app's mean ± 1 std seed curves, one colour per arm (ARM_COLORS)
 from cancellation import group_advantages
 from cancellation.batching import reward_balanced_select, split_minibatches
 from cancellation.diagnostics import shared_residual, steps_to_threshold, token_coefficients
@@ -48,8 +48,6 @@ pio.renderers.default = "plotly_mimetype+notebook_connected"
 torch.set_num_threads(1)  # the toy's tensors are tiny: one thread is fastest
 torch.set_printoptions(precision=3, sci_mode=False)
 f64 = torch.float64
-#: one colour per arm in every figure (the app's palette)
-COLOR = {"random mini-batches": PALETTE[1], "query-preserved mini-batches": PALETTE[0]}
 
 # %% [markdown]
 # ## 1. A batch of four groups
@@ -179,24 +177,14 @@ print("(mean ± std over the 10 seeds; a residual is first averaged over each ru
 # clipping: other groups move the shared contexts until a ratio leaves the clip range, tutorial 4.
 # The `shared res.` column includes events shared by only part of a group, which no batching
 # cancels: that part is credit assignment.) The
-# curves, mean ± 1 std over the 10 seeds (`app.figures.curve_figure`, the app's own):
-
+# curves, mean ± 1 std over the 10 seeds (`app.figures.curve_figure`, the app's own, which draws each arm
+# in its colour of `app.figures.ARM_COLORS`):
 
 # %%
-def curves(metric: str, title: str):
-    """The app's seed-band figure of ``metric`` for both arms, in this tutorial's colours."""
-    fig = curve_figure(runs, metric, title=title, height=360)
-    for tr in fig.data:
-        c = COLOR[tr.legendgroup]
-        if tr.fill:  # the ±1 std band
-            tr.fillcolor = "rgba({},{},{},0.15)".format(*(int(c[k : k + 2], 16) for k in (1, 3, 5)))
-        else:
-            tr.line.color = c
-    return fig
-
-
-curves("group_shared_residual", "Group-shared residual, mean ± 1 std over 10 seeds").show()
-curves("template_kl", "Template KL (learning tax), mean ± 1 std over 10 seeds").show()
+curve_figure(runs, "group_shared_residual", title="Group-shared residual, mean ± 1 std over 10 seeds",
+             height=360).show()  # fmt: skip
+curve_figure(runs, "template_kl", title="Template KL (learning tax), mean ± 1 std over 10 seeds",
+             height=360).show()  # fmt: skip
 
 # %% [markdown]
 # The template KL curves' means differ, but their bands overlap widely: the seed-to-seed spread is as
@@ -323,6 +311,13 @@ report_rows("toy_batching", "reward-balanced")
 
 
 # %%
+# the check's hand-made batch: three groups of 4, the middle one all Â = 0, and its split worked out by hand
+adv_ex = torch.tensor([0.87, -0.87, 0.87, -0.87, 0.0, 0.0, 0.0, 0.0, 1.5, -0.5, -0.5, -0.5], dtype=f64)
+group_ex = torch.arange(3).repeat_interleave(4)
+split_ex = [[0, 2, 8], [1, 3, 4, 5, 6, 7, 9, 10, 11]]
+
+
+# %%
 def my_sign_split(adv: torch.Tensor, group: torch.Tensor) -> list[torch.Tensor]:
     """[indices with Â > 0, indices with Â ≤ 0] of the whole batch."""
     raise NotImplementedError("Exercise 6.1: replace this line with your code")
@@ -330,25 +325,19 @@ def my_sign_split(adv: torch.Tensor, group: torch.Tensor) -> list[torch.Tensor]:
 
 # %%
 with check("6.1"):
-    # by hand: three groups of 4, the middle one all Â = 0
-    adv_ex = torch.tensor([0.87, -0.87, 0.87, -0.87, 0.0, 0.0, 0.0, 0.0, 1.5, -0.5, -0.5, -0.5], dtype=f64)
-    group_ex = torch.arange(3).repeat_interleave(4)
-    want = [[0, 2, 8], [1, 3, 4, 5, 6, 7, 9, 10, 11]]
     parts = my_sign_split(adv_ex, group_ex)
     ensure(isinstance(parts, (list, tuple)) and all(isinstance(p, torch.Tensor) for p in parts),
            f"expected a list of index tensors, got {type(parts).__name__}", "wrong type")  # fmt: skip
+    ensure(all(p.ndim == 1 for p in parts), f"index tensors of shapes {[tuple(p.shape) for p in parts]}: expected "
+           "1-D tensors of indices (torch.nonzero returns a (k, 1) tensor: flatten it)", "wrong shape")  # fmt: skip
     per_group = all(len(set(group_ex[p].tolist())) == 1 for p in parts)
     ensure(len(parts) == 2, f"{len(parts)} mini-batches: a split by sign has exactly 2, every Â > 0 "
            "completion of the batch in the first and the rest in the second"
            + (" (yours keep one group per mini-batch: the split by sign mixes the groups)" if per_group else ""))  # fmt: skip
+    at = f"for Â = {adv_ex.tolist()}"
+    expect_equal(sorted(parts[0].tolist()), split_ex[0], "the first mini-batch (Â > 0)", at=at)
     expect_equal(
-        sorted(parts[0].tolist()), want[0], "the first mini-batch (Â > 0)", at=f"for Â = {adv_ex.tolist()}"
-    )
-    expect_equal(
-        sorted(parts[1].tolist()),
-        want[1],
-        "the second mini-batch (Â ≤ 0, Â = 0 included)",
-        at=f"for Â = {adv_ex.tolist()}",
+        sorted(parts[1].tolist()), split_ex[1], "the second mini-batch (Â ≤ 0, Â = 0 included)", at=at
     )
     expect_close(
         first_epoch_residual(my_sign_split(adv, group)),
@@ -379,6 +368,7 @@ with check("6.2"):
         ([0.0] * 4 + [0.87, -0.87, 0.87, -0.87], 0.25, (0.25, 0.25, True)),
         ([1.5, -0.5, -0.5, -0.5], 0.25, (0.25, 0.75, True)),
         ([1.5, -0.5, -0.5, -0.5], 0.3, (0.25, 0.75, False)),
+        ([0.5, 0.5, 0.5, -1.5], 0.3, (0.75, 0.25, False)),  # N_pos/|B| ≥ ρ, N_neg/|B| < ρ
     ]
     for a, rho, (pos, neg, ok) in cases:
         at = f"at Â = {a}, ρ = {rho}" + (" (Â = 0 is neither sign, but counts in |B|)" if 0.0 in a else "")
@@ -390,4 +380,5 @@ with check("6.2"):
         )
         expect_close(number(got[0], "N_pos/|B|"), pos, "N_pos/|B|", at=at)
         expect_close(number(got[1], "N_neg/|B|"), neg, "N_neg/|B|", at=at)
-        expect_equal(got[2], ok, "the verdict", at=at)
+        both = " (N_pos/|B| ≥ ρ but N_neg/|B| < ρ: the condition needs both)" if pos >= rho > neg else ""
+        expect_equal(got[2], ok, "the verdict", at=at + both)

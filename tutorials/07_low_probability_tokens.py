@@ -32,7 +32,7 @@ import torch
 from exercise_check import check, expect_close, number  # the exercises' check cells
 from show import report_rows, table  # tables, and quotes of experiments/REPORT.md
 
-from app.figures import PALETTE  # the app's colours
+from app.figures import ARM_COLORS, PALETTE  # one colour per arm (as in every tutorial); the palette
 from cancellation import group_advantages, reweight_advantages
 from cancellation.batching import lopti_masks
 from cancellation.diagnostics import (
@@ -47,11 +47,6 @@ pio.renderers.default = "plotly_mimetype+notebook_connected"
 torch.set_num_threads(1)  # the toy's tensors are tiny: one thread is fastest
 torch.set_printoptions(precision=3, sci_mode=False)
 f64 = torch.float64
-
-# %%
-#: one colour per arm in every figure (the app's palette)
-COLOR = {"GRPO": PALETTE[0], "GRPO + AR (α=0.2)": PALETTE[1], "GRPO + Lopti (η=0.4)": PALETTE[2],
-         "GRPO + AR + Lopti": PALETTE[3]}  # fmt: skip
 
 # %% [markdown]
 # ## 1. The $(1-\pi)$ bound (Lopti paper §3.1)
@@ -165,7 +160,7 @@ fig = go.Figure()
 for name, coef in (("GRPO", coef_grpo), ("GRPO + AR (α=0.2)", coef_ar)):
     per_token = (coef.abs() * score_norm)[mask.bool()] / coef_grpo.abs()[mask.bool()]  # every Â ≠ 0 here
     fig.add_scatter(
-        x=pi_old.tolist(), y=per_token.tolist(), mode="markers", name=name, marker_color=COLOR[name]
+        x=pi_old.tolist(), y=per_token.tolist(), mode="markers", name=name, marker_color=ARM_COLORS[name]
     )
 fig.update_layout(
     title="Update contribution per unit |Â|, by the token's old probability",

@@ -49,7 +49,8 @@ from IPython.display import Markdown, display
 from plotly.subplots import make_subplots
 from show import report_rows, table  # tables, and quotes of experiments/REPORT.md
 
-from app.figures import PALETTE  # the app's colours
+# %%
+from app.figures import ARM_COLORS  # one colour per arm, the app's
 from cancellation import group_advantages
 from cancellation.diagnostics import event_index, prefix_event_keys, shared_residual, steps_to_threshold
 from cancellation.objectives import sequence_log_ratio
@@ -73,14 +74,8 @@ warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm in a ke
 warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")  # a peft/transformers notice
 WORK_DIR = tempfile.TemporaryDirectory(prefix="tutorial08-")  # removed when the kernel exits
 WORK = Path(WORK_DIR.name)
-#: one colour per arm in every figure: the app's palette, in the order of the Training lab's first screen
-COLOR = {
-    "GSPO": PALETTE[0],
-    "eq. 86 control": PALETTE[1],
-    "DFPO Min-Replace": PALETTE[2],
-    "GRPO (token-mean)": PALETTE[9],
-}
-COLOR.update(gspo=COLOR["GSPO"], dfpo=COLOR["DFPO Min-Replace"])  # the trainer's runs, by --objective
+#: one colour per arm in every figure and tutorial (the app's `ARM_COLORS`; the trainer's runs by --objective)
+COLOR = {**ARM_COLORS, "GRPO (token-mean)": ARM_COLORS["GRPO"]}
 
 # %% [markdown]
 # ## 1. A tiny language model and one group of completions
@@ -405,6 +400,7 @@ toy = {
 STEPS_KEY, KL_KEY, GSR_KEY = "steps to E[R] ≥ 0.9", "template KL at E[R] ≥ 0.9", "group-shared residual"
 
 
+# %%
 def per_seed(result: dict[str, torch.Tensor]) -> dict[str, dict[int, float]]:
     """One arm's per-seed measures, keyed by seed: steps to the threshold (inf: never), KL there, residual."""
     out = {STEPS_KEY: {}, KL_KEY: {}, GSR_KEY: {}}
@@ -547,6 +543,13 @@ with check("8.1"):
 
 
 # %%
+# the check's hand-made case: steps to the threshold by seed (inf: never), and the signs worked out by hand
+hand_arm = {0: 12.0, 1: math.inf, 2: math.inf, 3: 30.0, 4: 41.0}
+hand_base = {0: 12.0, 1: 40.0, 2: math.inf, 3: 25.0, 4: math.inf}
+hand_signs = {0: 0, 1: 1, 2: 0, 3: 1, 4: -1}  # equal; never vs 40; both never; 30 > 25; 41 vs never
+
+
+# %%
 def my_signs(arm: dict[int, float], baseline: dict[int, float]) -> dict[int, int]:
     """Seed → sign of arm − baseline (+1, −1, 0 for a tie), matched by seed; inf vs inf is a tie."""
     raise NotImplementedError("Exercise 8.2: replace this line with your code")
@@ -554,36 +557,23 @@ def my_signs(arm: dict[int, float], baseline: dict[int, float]) -> dict[int, int
 
 # %%
 with check("8.2"):
-    hand_arm = {0: 12.0, 1: math.inf, 2: math.inf, 3: 30.0, 4: 41.0}
-    hand_base = {0: 12.0, 1: 40.0, 2: math.inf, 3: 25.0, 4: math.inf}
-    want = {0: 0, 1: 1, 2: 0, 3: 1, 4: -1}  # by hand: equal; never vs 40; both never; 30 > 25; 41 vs never
-    got = my_signs(hand_arm, dict(reversed(list(hand_base.items()))))
+    got = my_signs(hand_arm, dict(reversed(list(hand_base.items()))))  # the baseline in another order
+    ensure(isinstance(got, dict), f"expected a dictionary seed → sign, got {type(got).__name__} {got!r}",
+           "wrong type")  # fmt: skip
     ensure(
-        isinstance(got, dict),
-        f"expected a dictionary seed → sign, got {type(got).__name__} {got!r}",
-        "wrong type",
+        sorted(got) == sorted(hand_signs),
+        f"expected one sign per seed {sorted(hand_signs)}, got the keys {sorted(got)}",
     )
-    ensure(
-        sorted(got) == sorted(want), f"expected one sign per seed {sorted(want)}, got the keys {sorted(got)}"
-    )
-    for seed, sign in want.items():
+    for seed, sign in hand_signs.items():
         note = " (both never reached: a tie)" if seed == 2 else ""
-        expect_equal(
-            got[seed],
-            sign,
-            f"the sign of seed {seed}",
-            at=f"(arm {hand_arm[seed]}, baseline {hand_base[seed]}{note})",
-        )
+        at = f"(arm {hand_arm[seed]}, baseline {hand_base[seed]}{note})"
+        expect_equal(got[seed], sign, f"the sign of seed {seed}", at=at)
     for arm, base in (("eq. 86 control", "GSPO"), ("DFPO Min-Replace", "eq. 86 control")):
         signs = list(my_signs(measured[arm][STEPS_KEY], measured[base][STEPS_KEY]).values())
         d = paired_difference(measured[arm][STEPS_KEY], measured[base][STEPS_KEY], horizon=STEPS)
         counts = (signs.count(1), signs.count(-1), signs.count(0))
-        expect_equal(
-            counts,
-            (d.n_pos, d.n_neg, d.n_ties),
-            "the counts of your signs (+1, −1, 0)",
-            at=f"for {arm} vs {base}",
-        )
+        what = "the counts of your signs (+1, −1, 0)"
+        expect_equal(counts, (d.n_pos, d.n_neg, d.n_ties), what, at=f"for {arm} vs {base}")
 
 # %% [markdown]
 # ## 5. On a GPU: the same comparison at language-model scale

@@ -43,6 +43,7 @@ import torch
 from exercise_check import check, ensure, expect_close, reject, switched_off  # the exercises' checks
 from IPython.display import Markdown, display
 
+# %%
 from cancellation.coupling import (
     coupling_kernel,
     coupling_mass,
@@ -64,6 +65,7 @@ from experiments.coupling import (
     table_rows,
 )
 
+# %%
 pio.renderers.default = "plotly_mimetype+notebook_connected"
 torch.set_num_threads(1)  # tiny tensors on a shared 2-core machine: one thread is fastest
 torch.set_printoptions(precision=3, sci_mode=False)

@@ -34,10 +34,10 @@
 import plotly.graph_objects as go
 import plotly.io as pio
 import torch
-from exercise_check import check, expect_close, expect_equal, number  # the exercises' check cells
+from exercise_check import check, expect_close, expect_equal, number, reject  # the exercises' check cells
 from show import table
 
-from app.figures import PALETTE, curve_figure
+from app.figures import ARM_COLORS, curve_figure  # one colour per arm (as in every tutorial); seed curves
 from cancellation import group_advantages
 from cancellation.objectives import dfpo_weights
 from cancellation.update import CancellationMeter, coefficients
@@ -154,13 +154,19 @@ for agg, c in coef.items():
 
 # %%
 EPS = {"epsilon_low": 0.2, "epsilon_high": 0.2}
-ARMS = {  # label → (objective, parameters); the same colours in every figure below
+ARMS = {  # label → (objective, parameters)
     "GRPO token-mean": ("grpo", {"aggregation": "token-mean"}),
     "GRPO seq-mean-token-mean": ("grpo", {"aggregation": "seq-mean-token-mean"}),
-    "eq.86 control seq-mean-token-mean": ("gspo", {"estimator": "paper", **EPS}),
+    "eq. 86 control seq-mean-token-mean": ("gspo", {"estimator": "paper", **EPS}),
     "DFPO seq-mean-token-mean": ("dfpo", EPS),
     "DFPO token-mean": ("dfpo", {"aggregation": "token-mean", **EPS}),
 }
+#: each arm in its colour of every tutorial (`app.figures.ARM_COLORS`; DFPO is Min-Replace, its default
+#: transform), `seq-mean-token-mean` hatched or dashed
+ARM_OF = {"GRPO": "GRPO", "eq. 86 control": "eq. 86 control", "DFPO": "DFPO Min-Replace"}
+COLOR = {label: ARM_COLORS[ARM_OF[label.rsplit(" ", 1)[0]]] for label in ARMS}
+
+# %%
 MOVED = {
     ("Sure",): {"20": 0.3, "25": 0.25, "10": 0.45},
     ("Sure", "10", "+", "10", "="): {"20": 0.9, "25": 0.1},
@@ -193,13 +199,14 @@ table(rows)
 
 # %%
 fig = go.Figure()
-for i, arm in enumerate(ARMS):
-    fig.add_bar(name=arm, x=list(scenarios), marker_color=PALETTE[i],
+for arm in ARMS:
+    fig.add_bar(name=arm, x=list(scenarios), marker_color=COLOR[arm],
+                marker_pattern_shape="/" if "seq-mean" in arm else "",
                 y=[res[arm, name]["group_shared_residual"] for name in scenarios])  # fmt: skip
 fig.update_layout(title="Residual on the token the whole group shares (one group, θ ≠ θ_old)",
                   yaxis_title="|Σ c| / Σ |c| on the opener", barmode="group", height=380)  # fmt: skip
 fig.show()
-fix = {n: res["eq.86 control seq-mean-token-mean", n]["group_shared_residual"]
+fix = {n: res["eq. 86 control seq-mean-token-mean", n]["group_shared_residual"]
        - res["DFPO seq-mean-token-mean", n]["group_shared_residual"] for n in scenarios}  # fmt: skip
 print(
     f"DFPO's fix (control − DFPO): equal lengths {fix['equal']:+.4f}, unequal lengths {fix['unequal']:+.4f}"
@@ -257,7 +264,7 @@ SEEDS, STEPS = 12, 60
 runs = {
     arm: simulate_seeds(scenarios["unequal"], obj, SEEDS, steps=STEPS, **p) for arm, (obj, p) in ARMS.items()
 }
-for arm in ("eq.86 control seq-mean-token-mean", "DFPO seq-mean-token-mean"):
+for arm in ("eq. 86 control seq-mean-token-mean", "DFPO seq-mean-token-mean"):
     obj, p = ARMS[arm]
     runs[arm + " (equal)"] = simulate_seeds(scenarios["equal"], obj, SEEDS, steps=STEPS, **p)
 
@@ -277,23 +284,39 @@ for arm, r in runs.items():
                  "E[R] step 20": float(r["expected_reward"][:, 19].mean()),
                  "E[R] final": float(r["expected_reward"][:, -1].mean())})  # fmt: skip
 table(rows)
+gsr = {arm: seed_mean(r["group_shared_residual"])[0] for arm, r in runs.items()}
+fix_equal = gsr["eq. 86 control seq-mean-token-mean (equal)"] - gsr["DFPO seq-mean-token-mean (equal)"]
+lost = gsr["DFPO seq-mean-token-mean"]
+print(f"DFPO's fix on `equal` (control − DFPO) {fix_equal:.4f}; DFPO's residual on `unequal` {lost:.3f}, "
+      f"{lost / fix_equal:.0f}× the fix")  # fmt: skip
+
 
 # %%
-curves = {arm: [seed_rows(r, s) for s in range(SEEDS)] for arm, r in runs.items() if "(equal)" not in arm}
-curve_figure(
-    curves,
-    "group_shared_residual",
-    height=380,
-    title="Residual on whole-group events, unequal lengths (mean ± 1 std over 12 seeds)",
+def curves(metric: str, title: str):
+    """The app's seed-band figure of ``metric`` on `unequal`, each arm in its colour, seq-mean-token-mean dashed."""
+    runs_by_arm = {arm: [seed_rows(runs[arm], s) for s in range(SEEDS)] for arm in ARMS}
+    fig = curve_figure(runs_by_arm, metric, height=380, title=title)
+    for tr in fig.data:
+        c = COLOR[tr.legendgroup]
+        if tr.fill:  # the ±1 std band
+            tr.fillcolor = "rgba({},{},{},0.15)".format(*(int(c[k : k + 2], 16) for k in (1, 3, 5)))
+        else:
+            tr.line.color, tr.line.dash = c, "dash" if "seq-mean" in tr.legendgroup else None
+    return fig
+
+
+curves(
+    "group_shared_residual", "Residual on whole-group events, unequal lengths (mean ± 1 std over 12 seeds)"
 ).show()
-curve_figure(curves, "expected_reward", height=380, title="Expected reward, unequal lengths").show()
+curves("expected_reward", "Expected reward, unequal lengths").show()
 
 # %% [markdown]
 # In training the table says what the single group said. On `unequal`, GRPO token-mean and DFPO
 # token-mean keep the whole-group events at 0 and pay with a sequence-net residual of about 0.2;
 # GRPO seq-mean-token-mean, the control and DFPO all leave about 0.15 of the whole-group mass
 # uncancelled, DFPO within one seed-std of the control. On `equal`, DFPO's fix is visible (the
-# control at 0.004, DFPO at 0) but about 40 times smaller than what unequal lengths cost. The reward
+# control at 0.004, DFPO at 0) but 34 times smaller than what unequal lengths cost (the line under the
+# table). The reward
 # curves differ mostly through the step size each aggregation gives the deciding tokens (under
 # `seq-mean-token-mean` a short completion's answer token weighs $1/(3G)$ instead of $1/N$), not
 # through cancellation. This toy has no reward-irrelevant context whose drift would isolate the
@@ -309,8 +332,9 @@ curve_figure(curves, "expected_reward", height=380, title="Expected reward, uneq
 # **Exercise 10.1 — the shared token's net coefficient.** At θ = θ_old (every ratio 1), GRPO gives
 # a token that every completion of one group contains (at the same context) the net coefficient
 # $\sum_i c_{i,t}$. Write `my_shared_net(adv, lengths, aggregation)` for `"token-mean"` and
-# `"seq-mean-token-mean"`, from the advantages and the lengths alone. The check compares with
-# numbers worked out by hand (the group of section 2, and a second one).
+# `"seq-mean-token-mean"`, from the advantages and the lengths alone; the advantages need not sum to 0
+# (a group whose completion was dropped after Â was computed). The check compares with numbers worked
+# out by hand (the group of section 2, a second one, and a third whose Σ Â ≠ 0).
 
 
 # %%
@@ -326,9 +350,14 @@ with check("10.1"):
         ([0.5, 0.5, -1.5, 0.5], [7, 7, 3, 3], "seq-mean-token-mean", -1 / 21),  # ¼(0.5/7+0.5/7−1.5/3+0.5/3)
         ([1.0, -1.0], [2, 4], "seq-mean-token-mean", 0.125),  # ½(1/2 − 1/4)
         ([1.0, -1.0], [2, 4], "token-mean", 0.0),
+        ([1.0, -0.5], [2, 4], "token-mean", 1 / 12),  # Σ Â = 0.5 over N = 6 tokens
     ]
+    slips = {0.25: "token-mean divides by N = Σ|y_i| = 6 tokens, not by G = 2", 0.5: "token-mean divides Σ Â "
+             "by N = Σ|y_i| = 6 tokens", 0.0: "Σ Â_i = 0.5 here: the net is Σ Â / N, 0 only when Σ Â = 0"}  # fmt: skip
     for a, n, agg, expected in cases:
         got = my_shared_net(torch.tensor(a, dtype=torch.float64), torch.tensor(n, dtype=torch.float64), agg)
+        for bad, why in slips.items() if expected == 1 / 12 else ():
+            reject(number(got, "the net"), bad, f"the net coefficient at Â = {a}, |y| = {n}: {why}")
         expect_close(number(got, "the net coefficient"), expected, "the net coefficient",
                      at=f"at Â = {a}, |y| = {n}, {agg}")  # fmt: skip
 
@@ -359,7 +388,10 @@ with check("10.2"):
         ("dfpo", "seq-mean-token-sum", True): True,  # s̃_iÂ_i/G
         ("dfpo", "seq-mean-token-mean", False): True,  # ∂log Π r/∂logp = 1: s̃_iÂ_i/G
         ("dfpo", "token-mean", False): False,  # |y_i|·s̃_iÂ_i/N
+        ("grpo", "token-mean", False): True,  # GRPO ignores length_norm
+        ("grpo", "seq-mean-token-mean", False): False,
     }
     for (obj, agg, ln), expected in truth.items():
         expect_equal(my_cancels_any_length(obj, agg, ln), expected, "cancels for any lengths",
-                     at=f"at objective={obj!r}, aggregation={agg!r}, length_norm={ln}")  # fmt: skip
+                     at=f"at objective={obj!r}, aggregation={agg!r}, length_norm={ln}"
+                     + (" (GRPO has no sequence ratio: length_norm changes nothing)" if obj == "grpo" and not ln else ""))  # fmt: skip

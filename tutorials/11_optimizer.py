@@ -44,7 +44,7 @@ import torch
 from exercise_check import check, expect_close, number  # the exercises' check cells
 from show import table
 
-from app.figures import curve_figure
+from app.figures import ARM_COLORS, curve_figure  # one colour per arm (as in every tutorial); seed curves
 from cancellation import compute_loss, group_advantages
 from cancellation.diagnostics import steps_to_threshold, value_at_threshold
 from toymodel import get_scenario, seed_rows, simulate_seeds
@@ -179,7 +179,7 @@ table(rows)
 
 # %%
 SEEDS, STEPS = 16, 80
-ARMS = {  # label → (objective, parameters, optimiser); the same colours in both figures
+ARMS = {  # label → (objective, parameters, optimiser)
     "GRPO, SGD": ("grpo", {}, "sgd"),
     "GRPO, Adam": ("grpo", {}, "adam"),
     "DFPO ε=0.2, SGD": ("dfpo", {"epsilon_low": 0.2, "epsilon_high": 0.2}, "sgd"),
@@ -205,12 +205,23 @@ kl_ratio = float(
 )
 print(f"GRPO's final template KL, Adam / SGD: {kl_ratio:.1f}×")
 
+
 # %%
-curves = {arm: [seed_rows(r, s) for s in range(SEEDS)] for arm, r in runs.items()}
-curve_figure(
-    curves, "template_kl", height=380, title="Template KL drift (learning tax), mean ± 1 std over 16 seeds"
-).show()
-curve_figure(curves, "expected_reward", height=380, title="Expected reward").show()
+def curves(metric: str, title: str):
+    """The app's seed-band figure of ``metric``: the optimiser's colour (`ARM_COLORS`), DFPO dashed."""
+    fig = curve_figure({arm: [seed_rows(r, s) for s in range(SEEDS)] for arm, r in runs.items()}, metric,
+                       height=380, title=title)  # fmt: skip
+    for tr in fig.data:
+        c = ARM_COLORS[tr.legendgroup.rsplit(", ", 1)[1]]  # "SGD" or "Adam"
+        if tr.fill:  # the ±1 std band
+            tr.fillcolor = "rgba({},{},{},0.15)".format(*(int(c[k : k + 2], 16) for k in (1, 3, 5)))
+        else:
+            tr.line.color, tr.line.dash = c, "dash" if tr.legendgroup.startswith("DFPO") else None
+    return fig
+
+
+curves("template_kl", "Template KL drift (learning tax), mean ± 1 std over 16 seeds").show()
+curves("expected_reward", "Expected reward").show()
 
 # %% [markdown]
 # At the same speed and with the same exact cancellation of whole-group events (residual 0 in every

@@ -141,6 +141,24 @@ WRONG_ANSWERS: dict[str, list[tuple[str, str]]] = {
             "    return s / torch.bincount(inv).to(adv.dtype)\n",
             "wrong value — Σ Â / N of every event",
         ),
+        (  # each completion counted once per event, however many of its tokens the event has
+            "def my_event_nets(adv, keys, mask):\n"
+            "    valid = mask.bool()\n"
+            "    ids = torch.unique(keys[valid])\n"
+            "    out = torch.zeros(len(ids), dtype=adv.dtype)\n"
+            "    for j, k in enumerate(ids):\n"
+            "        out[j] = adv[((keys == k) & valid).any(-1)].sum()\n"
+            "    return out / mask.sum()\n",
+            "wrong value — the net of event 14 counts row 2 once",
+        ),
+        (  # the event ids taken from every key, padding's included
+            "def my_event_nets(adv, keys, mask):\n"
+            "    valid = mask.bool()\n"
+            "    a = adv[:, None].expand_as(mask)\n"
+            "    nets = [a[(keys == k) & valid].sum() for k in torch.unique(keys.flatten())]\n"
+            "    return torch.stack(nets) / mask.sum()\n",
+            "wrong shape — 6 nets for 5 events",
+        ),
     ],
     "02_shared_prefix_and_sequence_coupling": [
         (  # the ratio-1 coefficients of tutorial 1: the ratios forgotten
@@ -250,6 +268,12 @@ WRONG_ANSWERS: dict[str, list[tuple[str, str]]] = {
             "    return sign_aware_clip(r, adv, epsilon_low, epsilon_high)\n",
             "wrong approach — `sign_aware_clip`",
         ),
+        (  # s̄ = min(rA, cA) / A: NaN at A = 0
+            "def my_sign_aware_clip(r, adv, epsilon_low, epsilon_high):\n"
+            "    c = r.clamp(1 - epsilon_low, 1 + epsilon_high)\n"
+            "    return torch.minimum(r * adv, c * adv) / adv\n",
+            "wrong value — s̄ at A = 0 (the last two entries) is [nan, nan]: dividing min(rA, cA) by A fails there",
+        ),
         (  # GRPO-fix given PPO's lower bound
             "def my_token_coefficient(r, adv, objective):\n"
             "    if objective == 'grpo':\n"
@@ -355,6 +379,57 @@ WRONG_ANSWERS: dict[str, list[tuple[str, str]]] = {
             "    return (s_bar.min() * adv / (len(adv) * mask.shape[1]))[:, None] * mask\n",
             "wrong value — the coefficients of completion 1 (|y_1| = 2 tokens",
         ),
+        (  # the library's Min-Replace, switched off during the check
+            "def my_min_replace_and_orth_proj(s_bar, adv):\n"
+            "    g = torch.zeros(len(adv), dtype=torch.long)\n"
+            "    return min_replace(s_bar, adv, g), s_bar - (adv @ s_bar) / (adv @ adv) * adv\n",
+            "wrong approach — `min_replace`",
+        ),
+        (  # the library's Orth-Proj through TRANSFORMS, switched off during the check
+            "def my_min_replace_and_orth_proj(s_bar, adv):\n"
+            "    g = torch.zeros(len(adv), dtype=torch.long)\n"
+            "    return s_bar.min() * torch.ones_like(s_bar), TRANSFORMS['orth_proj'](s_bar, adv, g)\n",
+            "wrong approach — `orth_proj`",
+        ),
+        (  # φ from the smallest raw ratio min s instead of min s̄
+            "def my_post_clip_and_shrink(s, adv, epsilon):\n"
+            "    c = s.clamp(1 - epsilon, 1 + epsilon)\n"
+            "    s_bar = torch.where(adv >= 0, torch.minimum(s, c), torch.maximum(s, c))\n"
+            "    return s_bar, s.min() / s_bar\n",
+            "wrong value — φ at s = [0.7, 1.1, 0.5, 1.3, 1.5], Â = [1.0, 0.0, -1.0, -1.0, 0.0]: your numerator is the smallest raw ratio",
+        ),
+        (  # the library's sign-aware clip, switched off during the check
+            "def my_post_clip_and_shrink(s, adv, epsilon):\n"
+            "    s_bar = sign_aware_clip(s, adv, epsilon, epsilon)\n"
+            "    return s_bar, s_bar.min() / s_bar\n",
+            "wrong approach — `sign_aware_clip`",
+        ),
+        (  # eq. 44's geometric mean taken over the padding too
+            "def my_dfpo_coefficients(log_ratio, adv, mask, epsilon):\n"
+            "    n = mask.sum(-1)\n"
+            "    s = log_ratio.mean(-1).exp()\n"
+            "    c = s.clamp(1 - epsilon, 1 + epsilon)\n"
+            "    s_bar = torch.where(adv >= 0, torch.minimum(s, c), torch.maximum(s, c))\n"
+            "    return (s_bar.min() * adv / (len(adv) * n))[:, None] * mask\n",
+            "wrong value — completion 2's s counts its padding",
+        ),
+        (  # the product weight Π r, without eq. 44's 1/|y|
+            "def my_dfpo_coefficients(log_ratio, adv, mask, epsilon):\n"
+            "    n = mask.sum(-1)\n"
+            "    s = (log_ratio * mask).sum(-1).exp()\n"
+            "    c = s.clamp(1 - epsilon, 1 + epsilon)\n"
+            "    s_bar = torch.where(adv >= 0, torch.minimum(s, c), torch.maximum(s, c))\n"
+            "    return (s_bar.min() * adv / (len(adv) * n))[:, None] * mask\n",
+            "wrong value — s_i is the product Π_t r_{i,t}",
+        ),
+        (  # a plain symmetric clip that ignores the advantage's sign
+            "def my_dfpo_coefficients(log_ratio, adv, mask, epsilon):\n"
+            "    n = mask.sum(-1)\n"
+            "    s = ((log_ratio * mask).sum(-1) / n).exp()\n"
+            "    s_bar = s.clamp(1 - epsilon, 1 + epsilon)\n"
+            "    return (s_bar.min() * adv / (len(adv) * n))[:, None] * mask\n",
+            "wrong value — s̄ of completion 0 (s = e^(−0.3) ≈ 0.741, Â > 0) is s itself",
+        ),
     ],
     "06_batching": [
         (  # one completion per mini-batch: never two signs in one step, but no split by sign
@@ -377,6 +452,10 @@ WRONG_ANSWERS: dict[str, list[tuple[str, str]]] = {
             "def my_sign_split(adv, group):\n    return [torch.nonzero(adv > 0).flatten()]\n",
             "wrong value — 1 mini-batches",
         ),
+        (  # torch.nonzero's (k, 1) index tensors, not flattened
+            "def my_sign_split(adv, group):\n    return [torch.nonzero(adv > 0), torch.nonzero(adv <= 0)]\n",
+            "wrong shape — index tensors of shapes [(3, 1), (9, 1)]",
+        ),
         (  # zero-advantage completions counted as positive
             "def my_balance(adv, rho):\n"
             "    pos, neg = float((adv >= 0).sum()) / len(adv), float((adv < 0).sum()) / len(adv)\n"
@@ -395,6 +474,12 @@ WRONG_ANSWERS: dict[str, list[tuple[str, str]]] = {
             "    n = len(adv)\n"
             "    bool((adv > 0).sum() / n >= rho and (adv < 0).sum() / n >= rho)\n",
             "wrong type",
+        ),
+        (  # the verdict from the positive side only
+            "def my_balance(adv, rho):\n"
+            "    pos, neg = float((adv > 0).sum()) / len(adv), float((adv < 0).sum()) / len(adv)\n"
+            "    return pos, neg, pos >= rho\n",
+            "wrong value — the verdict at Â = [0.5, 0.5, 0.5, -1.5], ρ = 0.3 (N_pos/|B| ≥ ρ but N_neg/|B| < ρ: the condition needs both)",
         ),
     ],
     "07_low_probability_tokens": [
@@ -509,6 +594,27 @@ WRONG_ANSWERS: dict[str, list[tuple[str, str]]] = {
             "def my_shared_net(adv, lengths, aggregation):\n    return float(adv.sum() / lengths.sum())\n",
             "wrong value — the net coefficient at Â = [0.5, 0.5, -1.5, 0.5], |y| = [7, 7, 3, 3], seq-mean-token-mean: expected -0.047619, got 0",
         ),
+        (  # token-mean divided by G instead of N
+            "def my_shared_net(adv, lengths, aggregation):\n"
+            "    if aggregation == 'token-mean':\n"
+            "        return float(adv.sum() / len(adv))\n"
+            "    return float((adv / lengths).sum() / len(adv))\n",
+            "wrong value — the net coefficient at Â = [1.0, -0.5], |y| = [2, 4]: token-mean divides by N = Σ|y_i| = 6 tokens, not by G = 2",
+        ),
+        (  # token-mean without a normaliser
+            "def my_shared_net(adv, lengths, aggregation):\n"
+            "    if aggregation == 'token-mean':\n"
+            "        return float(adv.sum())\n"
+            "    return float((adv / lengths).sum() / len(adv))\n",
+            "wrong value — the net coefficient at Â = [1.0, -0.5], |y| = [2, 4]: token-mean divides Σ Â by N",
+        ),
+        (  # "token-mean always cancels"
+            "def my_shared_net(adv, lengths, aggregation):\n"
+            "    if aggregation == 'token-mean':\n"
+            "        return 0.0\n"
+            "    return float((adv / lengths).sum() / len(adv))\n",
+            "wrong value — the net coefficient at Â = [1.0, -0.5], |y| = [2, 4]: Σ Â_i = 0.5 here",
+        ),
         (  # "only token-mean cancels"
             "def my_cancels_any_length(objective, aggregation, length_norm):\n"
             "    return aggregation == 'token-mean'\n",
@@ -518,6 +624,11 @@ WRONG_ANSWERS: dict[str, list[tuple[str, str]]] = {
             "def my_cancels_any_length(objective, aggregation, length_norm):\n"
             "    aggregation == 'token-mean'\n",
             "wrong type — cancels for any lengths at objective='grpo', aggregation='token-mean', length_norm=True: your function returned None",
+        ),
+        (  # "the length normalisation decides": GRPO's answer made to depend on length_norm
+            "def my_cancels_any_length(objective, aggregation, length_norm):\n"
+            "    return (aggregation != 'seq-mean-token-mean') == length_norm\n",
+            "wrong value — cancels for any lengths at objective='grpo', aggregation='token-mean', length_norm=False (GRPO has no sequence ratio",
         ),
     ],
     "11_optimizer": [
@@ -752,3 +863,25 @@ def _seconds(first: nbformat.NotebookNode, last: nbformat.NotebookNode) -> float
     t0 = datetime.fromisoformat(first.metadata.execution["iopub.execute_input"].replace("Z", "+00:00"))
     t1 = datetime.fromisoformat(last.metadata.execution["shell.execute_reply"].replace("Z", "+00:00"))
     return (t1 - t0).total_seconds()
+
+
+#: the most lines a tutorial's code cell may have: one idea per short cell
+MAX_CELL_LINES = 25
+#: cells allowed to be longer, "<tutorial stem>:<first line>" → why they cannot be split (none today)
+LONG_CELLS: dict[str, str] = {}
+
+
+@pytest.mark.parametrize("path", TUTORIALS, ids=[p.stem for p in TUTORIALS])
+def test_code_cells_are_short(path: Path) -> None:
+    """Every code cell has at most MAX_CELL_LINES lines (a check cell stays one ``with check`` block, so its
+    hand-written reference data go in a cell before the exercise)."""
+    long = []
+    for cell in jupytext.read(path).cells:
+        lines = cell.source.splitlines()
+        if (
+            cell.cell_type == "code"
+            and len(lines) > MAX_CELL_LINES
+            and f"{path.stem}:{lines[0]}" not in LONG_CELLS
+        ):
+            long.append(f"{len(lines)} lines: {lines[0]}")
+    assert not long, f"{path.name}: code cells longer than {MAX_CELL_LINES} lines:\n" + "\n".join(long)
