@@ -105,6 +105,11 @@ def reference(app: AppTest) -> dict[str, Any]:
     down = [v for v, d in zip(values, delta, strict=True) if d < 0 and not math.isnan(v)]
     boosted = sum(up) / len(up) if up else math.nan
     suppressed = sum(down) / len(down) if down else math.nan
+    # the no-coupling control: tokens of positive rollouts against those of negative ones (plain loop)
+    adv = batch.adv_tok.tolist()
+    pos = [v for v, a in zip(values, adv, strict=True) if a > 0 and not math.isnan(v)]
+    neg = [v for v, a in zip(values, adv, strict=True) if a < 0 and not math.isnan(v)]
+    control = (sum(pos) / len(pos) - sum(neg) / len(neg)) if pos and neg else math.nan
     return {
         "inputs": p,
         "k_head": k_head,
@@ -116,6 +121,7 @@ def reference(app: AppTest) -> dict[str, Any]:
         "mean_boost": mean_boost,
         "boosted": boosted,
         "suppressed": suppressed,
+        "control": control,
         "delta": m.delta[p["update"]],
         "forced": batch.forced,
     }
@@ -166,6 +172,7 @@ def assert_numbers_match(app: AppTest) -> dict[str, Any]:
     assert float(metric_text(app, BOOSTED)) == pytest.approx(ref["boosted"], rel=1e-3)
     assert float(metric_text(app, SUPPRESSED)) == pytest.approx(ref["suppressed"], rel=1e-3)
     assert float(metric_text(app, GAP)) == pytest.approx(ref["boosted"] - ref["suppressed"], rel=1e-3)
+    assert float(metric_text(app, "no-coupling control's gap")) == pytest.approx(ref["control"], rel=1e-3)
     return ref
 
 
