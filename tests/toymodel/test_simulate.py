@@ -385,7 +385,7 @@ def test_compare_rows_equal_separate_simulate_runs() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("scenario", ["equivalent_solutions", "template_task"])
 def test_multi_seed_runs_respect_what_the_math_guarantees(scenario: str) -> None:
-    steps, seeds = 150, 10
+    steps, seeds = 150, 4  # every row must satisfy the bounds: 4 seeds × 150 steps × 10 variants is plenty
     sc = get_scenario(scenario)
     policy = sc.policy()
     n_equiv = len(sc.equivalent)
@@ -409,7 +409,7 @@ def test_multi_seed_runs_respect_what_the_math_guarantees(scenario: str) -> None
         if scenario == "equivalent_solutions":
             assert all(r["template_kl"] == 0.0 for rows in runs for r in rows)
         summaries.append({"variant": label, **summarize_variant(runs, 0.9)})
-    # the README's table (``python -m toymodel SCENARIO --compare --seeds 10 --steps 150`` prints the same)
+    # the README's table on fewer seeds (``python -m toymodel SCENARIO --compare --seeds 4 --steps 150`` prints it)
     print(f"\n{scenario}: {seeds} seeds × {steps} steps, G=8, 4 inner epochs, SGD lr=0.5 (defaults)")
     print(format_table(summaries))
 

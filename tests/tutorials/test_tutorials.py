@@ -815,10 +815,12 @@ def test_tutorial_executes(path: Path, kernel_path: Path, monkeypatch: pytest.Mo
             for e in exercises:
                 if c is nb.cells[e.cell]:
                     source = replace[e.function]
+            cells.append(nbformat.v4.new_code_cell(source))
             if m := CHECK_CELL.search(source):
                 label = m.group(1)
-                expect[len(cells)] = (run, label, f"✗ {words}" if label == wrong else CORRECT)
-            cells.append(nbformat.v4.new_code_cell(source))
+                expect[len(cells) - 1] = (run, label, f"✗ {words}" if label == wrong else CORRECT)
+                if label == wrong:  # a wrong answer's run ends at its own check: the later cells ran solved
+                    break
 
     add_run("the solutions", solution_src)
     for source, words in WRONG_ANSWERS[path.stem]:
