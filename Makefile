@@ -72,12 +72,13 @@ experiments-quick: setup
 	$(PY) -m experiments --quick
 
 # the suite on TEST_WORKERS processes (pytest-xdist; --dist loadfile keeps each test file, and so its
-# module fixtures such as a built tiny model, on one worker); TEST_WORKERS=0 runs it in this process
+# module fixtures such as a built tiny model, on one worker; --no-loadscope-reorder hands the files out
+# in the order tests/conftest.py gives them, longest first); TEST_WORKERS=0 runs it in this process
 TEST_WORKERS ?= 2
 test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"
