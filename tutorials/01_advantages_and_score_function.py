@@ -69,7 +69,7 @@ print("Σ Â    =", fmt(adv.sum()))
 
 # %% [markdown]
 # Correct completions get $\hat A > 0$, wrong ones $\hat A < 0$, and the advantages **sum to zero**
-# (the printed 2.2e-16 is float rounding): that is what subtracting the group mean does, whatever the
+# (a printed remainder of order 1e-16 is float rounding): that is what subtracting the group mean does, whatever the
 # scaling. The toy problems of the
 # paper's Appendix A use the unscaled version $\hat A_i = r_i - \operatorname{mean}_j r_j$ (eq. 29),
 # `scale="none"`:

@@ -252,8 +252,8 @@ table([final_row(name, rows_by_seed) for name, rows_by_seed in runs.items()], di
 #   The eq. 86 control, the same estimator with no transform, ends at the same place: the difference
 #   from GSPO is the estimator's, not the transform's.
 # * **The collapse you see is mostly credit assignment.** GRPO, which cancels shared tokens exactly,
-#   collapses the equivalent set about as much as the fastest arms (from the starting entropy 0.64 printed in
-#   section 1), always towards "10 + 10 = 20 .", because "The" is shared with the wrong answer. The
+#   collapses the equivalent set about as much as the fastest arms (from the starting entropy 0.636514 printed
+#   in section 1), always towards "10 + 10 = 20 .", because "The" is shared with the wrong answer. The
 #   s-driven term of eq. (41) is a few percent of a step (section 3) and drowns in that, and in the
 #   sampling noise, over a run: with ε=0.2, GSPO and DFPO Min-Replace end within a standard
 #   deviation of each other, and so do the eq. 86 control and DFPO at GSPO's ε.

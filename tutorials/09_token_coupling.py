@@ -430,8 +430,8 @@ for u, label in (("head", "LM-head"), ("full", "Full")):
     display(Markdown(format_table(table_rows(tables[u]))))
 
 # %% [markdown]
-# On this net the four Boost Rates of the Full update are all near 50 %, far from the paper's 66 / 74 %
-# for the structured masks. One reason is visible in section 4: with masks of either sign, a
+# On this net the four Boost Rates of the Full update are all near 50 %, far from the paper's 66 / 75 %
+# for the same-token and "both" masks (its Full column). One reason is visible in section 4: with masks of either sign, a
 # same-token mask holds occurrences from positive **and** negative rollouts, whose pushes on the
 # candidate cancel. (Under the LM-head update a random mask often holds only tokens of other
 # positions, whose $W_\text{out}$ rows the candidate's softmax does not use: ME = 0 exactly, counted
@@ -464,8 +464,9 @@ fig.show()
 #   (`first_order_gap_pp` in the tables is a few points at most), the proxy predicts most directions,
 #   and same-token pairs carry a share of the coupling far above their share of the pairs.
 # * **Table 1's rates depend on conventions the paper does not state.** With masks of either sign the
-#   structured rows sit near 50 %; with masks of the candidate's own sign they rise to the paper's
-#   level for the "both" row, while the "same token" row overshoots the paper's and the random rows
+#   structured rows sit near 50 %; with masks of the candidate's own sign the "both" row rises to
+#   within a few points of the paper's under the Full update and stays further below it under
+#   LM-head (the printed rows), while the "same token" row overshoots the paper's and the random rows
 #   fall below 50 % (under LM-head mostly through ties). No reading on this one batch reproduces all
 #   four rows, and a small tanh net on a template toy is not the paper's LM: read the rates as a map
 #   of the choices, not as a replication.
@@ -478,7 +479,8 @@ fig.show()
 #
 # Tutorial 7's Lopti paper ("Do Not Let Low-Probability Tokens Over-Dominate in RL for LLMs", arXiv
 # 2505.12929) argues that the score of a low-probability token is large (at the logits,
-# $\sqrt{N/(N-1)}\,(1-\pi) \le \lVert\nabla_z\log\pi\rVert \le \sqrt2\,(1-\pi)$), so these tokens
+# $\sqrt{V/(V-1)}\,(1-\pi) \le \lVert\nabla_z\log\pi\rVert \le \sqrt2\,(1-\pi)$ for a softmax over $V$
+# tokens), so these tokens
 # dominate the update and, **through the parameters all tokens share**, move the high-probability
 # tokens too. The tabular toy can show only the first half: its kernel is 0 between contexts
 # (section 1). On the net, first each movable token's $\lVert g_j\rVert^2 = K_{jj}$, the diagonal of

@@ -581,6 +581,19 @@ WRONG_ANSWERS: dict[str, list[tuple[str, str]]] = {
             "    return lr * (kernel @ coef) - s, s\n",
             "wrong value — with the full kernel, lr = 0.3: you returned (coupling, self)",
         ),
+        (  # the library function through its module, not the notebook's name
+            "def my_output_overlap(probs, tokens):\n"
+            "    import cancellation.coupling as cc\n"
+            "    return cc.output_overlap(probs, tokens)\n",
+            "wrong approach — `output_overlap` hands the answer over in one call",
+        ),
+        (  # the library function under another name
+            "def my_first_order_delta(kernel, coef, lr):\n"
+            "    from cancellation.coupling import first_order_delta as fod\n"
+            "    f = fod(kernel, coef, lr)\n"
+            "    return f.self, f.coupling\n",
+            "wrong approach — `first_order_delta` hands the answer over in one call",
+        ),
     ],
     "10_length_and_aggregation": [
         (  # seq-mean-token-mean without its 1/G
@@ -721,6 +734,45 @@ def _outputs_text(nb: nbformat.NotebookNode) -> str:
     return "".join(parts)
 
 
+#: a number as prose writes it: 0.226, −1.1e-4, 1,024.5
+PROSE_NUMBER = re.compile(r"(?<![\w.])[−-]?\d+(?:,\d{3})*(?:\.\d+)?(?:e[−-]?\d+)?(?![\w])")
+#: what is not a measured number: maths and code (their own notation), link targets, arXiv ids, and the
+#: numbers of equations, sections, figures, tables, appendices and tutorials
+NOT_MEASURED = re.compile(
+    r"\$\$.*?\$\$|\$[^$]*\$|`[^`]*`|\]\([^)]*\)|arXiv\s+\d+\.\d+"
+    r"|(?:§|[Ee]qs?\.|[Ee]quation|Figs?\.|Figure|Table|App\.|Appendix|Sec\.|Section|Prop\.|Proposition|Thm\.|"
+    r"Theorem|Lemma|[Tt]utorial|Exercise)\s*[\w.–-]+",
+    re.DOTALL,
+)
+
+
+def prose_numbers(markdown: str) -> list[str]:
+    """The measured-looking numbers of a markdown cell: a decimal with two or more significant digits, or
+    a power of ten with a two-digit mantissa (1.6e-4; a bare 1e-17 is an order of magnitude)."""
+    out = []
+    for m in PROSE_NUMBER.finditer(NOT_MEASURED.sub(" ", markdown)):
+        text = m.group(0).replace("−", "-").lstrip("-")
+        mantissa = text.split("e")[0]
+        if "." in mantissa and len(re.sub(r"\D", "", mantissa).lstrip("0")) >= 2:
+            out.append(text)
+    return out
+
+
+def _all_outputs_text(nb: nbformat.NotebookNode) -> str:
+    """Every printed stream and every text rendering (plain, markdown, html) of every output."""
+    parts = []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            parts.append(out.get("text", ""))
+            parts.extend(v for v in out.get("data", {}).values() if isinstance(v, str))
+    return "\n".join(parts).replace("−", "-")
+
+
+def test_prose_numbers_finds_what_it_should() -> None:
+    md = "GRPO moves by −1.1e-4 (0.226 ± 0.208); eq. 12.5, §3.1, $0.75$, `lr=0.25`, arXiv 2505.12929, 0.5, 1e-17"
+    assert prose_numbers(md) == ["1.1e-4", "0.226", "0.208"]
+
+
 @pytest.fixture(scope="module")
 def kernel_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A JUPYTER_PATH entry holding a ``python3`` kernel spec for this interpreter."""
@@ -849,6 +901,14 @@ def test_tutorial_executes(path: Path, kernel_path: Path, monkeypatch: pytest.Mo
         if not got.startswith(words):
             problems.append(f"{run}, check {label}: expected '{words} …', got '{got}'")
     assert not problems, f"{path.name}:\n" + "\n".join(problems)
+
+    # a number the prose states is one a cell beside it printed (or the code wrote), not one typed by hand
+    printed = _all_outputs_text(run_nb) + "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    typed = [
+        (n, c.source[:80]) for c in nb.cells if c.cell_type == "markdown" for n in prose_numbers(c.source)
+    ]
+    unprinted = [f"{n!r} in the cell starting {start!r}" for n, start in typed if n not in printed]
+    assert not unprinted, f"{path.name}: prose numbers no cell prints:\n" + "\n".join(unprinted)
 
     learner = [c for c in run_nb.cells[:n_learner] if c.cell_type == "code"]
     learner_s = _seconds(learner[0], learner[-1])
