@@ -33,6 +33,7 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m experiments",
         description=__doc__.split("\n")[0],
+        epilog=__doc__.split("\n", 1)[1].replace("``", "`"),  # the commands and where each writes
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("--quick", action="store_true", help="the smallest slice of every study (a few minutes)")

@@ -1108,7 +1108,7 @@ def markdown_lm_table1(result: dict[str, Any]) -> str:
     if kd:
         rows = [{"kernels": k, **v} for k, v in kd.items()]
         lines += [
-            "**Kernels** (a_vs_b: a on b's scale; seed means)",
+            "**Kernels** (a_vs_b: a on b's scale; seed means; offdiag_cosine in %)",
             "",
             _format(rows, sci=("max_rel", "fro_rel")),
             "",
@@ -1224,7 +1224,9 @@ def _sentences(result: dict[str, Any]) -> list[str]:
         )
         out.append(
             f"Each update's own kernel predicts the exact Boost Rates to within {100 * max(gaps):.1f} points on the "
-            f"same candidates (the signs of ME agree on ≥ {100 * min(agree):.1f}% of them; first-order Δ log π off by "
+            f"same candidates (the signs of ME agree on "
+            + ("all" if min(agree) == 1.0 else f"at least {100 * min(agree):.1f}%")
+            + " of them; first-order Δ log π off by "
             + " / ".join(f"{100 * fe[u]:.1f}%" for u in updates)
             + f" in norm), {verdict}."
         )

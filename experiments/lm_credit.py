@@ -1242,7 +1242,9 @@ def figures_lm_credit(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:  # pragma: no cover - printing entry point
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.lm_credit", description=__doc__.split("\n")[0]
+    )
     parser.add_argument(
         "--model",
         type=Path,

@@ -204,8 +204,9 @@ def markdown(result: Mapping[str, Any]) -> str:
         parts.append(
             "One on-policy batch of a one-hidden-layer net with an untied unembedding on `template_task` "
             "(4 groups of 8, GRPO token-mean coefficients, one plain SGD step at lr 1; `toymodel.neural`). "
-            "Default reading (every token a candidate, masks of either sign, threshold 0.5, ME not "
-            "oriented); rates in %, `paper_br` the paper's Table 1 column:\n"
+            'Default reading (candidates: every movable token whose "both" set is non-empty, '
+            "`candidate_filter='coupled'`, so each mask set is scored on the same tokens; masks of either sign, "
+            "threshold 0.5, ME not oriented); rates in %, `paper_br` the paper's Table 1 column:\n"
         )
         for u, res in t["default"].items():
             parts.append(f"**{'Full' if u == 'full' else 'LM-head'} update** (seed {res['seed']}):\n")

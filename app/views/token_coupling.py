@@ -226,8 +226,9 @@ st.markdown(
     "parameters. K_jk = ⟨g_j, g_k⟩ (eq. 5) is how much a step along token k's score moves token j: red "
     "pairs push each other up, blue ones down. The output-layer kernel keeps only W_out's part of g; the "
     "proxy (eq. 6–7) builds it from the hidden states and the distributions alone, ⟨h_j, h_k⟩·D_jk with "
-    "D_jk = ⟨e_{y_j} − π_j, e_{y_k} − π_k⟩ (eq. 8). Eq. (10): D_jk is small unless y_j = y_k, and then large "
-    "when both tokens have low confidence, so the coupling concentrates on same-token low-confidence pairs."
+    "D_jk = ⟨e_{y_j} − π_j, e_{y_k} − π_k⟩ (eq. 8). Eq. (10): D_jk is large and positive when y_j = y_k and "
+    "both tokens have low confidence, so the coupling concentrates on same-token low-confidence pairs; two "
+    "different tokens of uncertain distributions get a smaller D, often negative (they compete for mass)."
 )
 kernels = res["kernels"]
 c1, c2, c3 = st.columns(3)
@@ -341,9 +342,11 @@ else:
     st.dataframe(rows, hide_index=True, key="table1")
     st.caption(
         f"All four sets under the same step; the paper's column is Table 1's {UPDATE_LABELS[update]}. On this "
-        "few-hundred-parameter net the rates differ from the paper's (an LM): the paper leaves several "
+        f"net of {res['n_params']} parameters the rates differ from the paper's (an LM): the paper leaves several "
         "conventions open (which candidates, the mask's advantage sign, orienting ME by it, the threshold), "
-        "and `python -m experiments.coupling` ranks them by their distance to the paper's rates."
+        "and `python -m experiments.coupling` ranks them by their distance to the paper's rates. *ME = 0 "
+        "exactly*: the masked step moves the candidate not at all (under the LM-head update, a mask of tokens "
+        "whose W_out rows the candidate's softmax does not use); counted as not boosted."
     )
 
 # ------------------------------------------------------------------------------------------------
@@ -353,7 +356,7 @@ st.markdown(
     "taking it is than sampling another token from s. Here it is exact (the toy's support is enumerated), "
     "not a Monte Carlo estimate. The paper finds that the tokens the update boosts (Δ log π > 0) have higher "
     "value than those it suppresses (Fig. 5a), and that the gap on the top-k% highest-entropy tokens rises "
-    "then falls, peaking near the top 40% (Fig. 5b) A token of a positive rollout is raised by its own coefficient "
+    "then falls, peaking near the top 40% (Fig. 5b). A token of a positive rollout is raised by its own coefficient "
     "too, so part of any gap needs no cancellation: the *no-coupling control* is the gap when every token "
     "moves by its own term alone (boosted = the tokens of positive rollouts); the coupled step's gap above or "
     "below it is what the coupling between tokens adds."
@@ -362,11 +365,12 @@ with user_errors():
     values, entropy = token_values(scenario, seed, group_size, num_groups)
     gap, curve = value_gaps(values, res["actual"], entropy)
     control = control_gap(values, batch_of(scenario, seed, group_size, num_groups).coef.numpy())
-v1, v2, v3, v4 = st.columns(4)
+v1, v2, v3, v4, v5 = st.columns(5)
 v1.metric("value gap (boosted − suppressed)", fmt(gap.gap, 4))
 v2.metric("mean value, boosted", fmt(gap.boosted, 4))
 v3.metric("mean value, suppressed", fmt(gap.suppressed, 4))
 v4.metric("no-coupling control's gap", fmt(control, 4))
+v5.metric("what coupling adds (gap − control)", fmt(gap.gap - control, 4))
 g1, g2 = st.columns(2)
 g1.plotly_chart(value_gap_bars(gap.boosted, gap.suppressed, gap.n_boosted, gap.n_suppressed), key="values")
 g2.plotly_chart(topk_gap_curve(TOP_FRACS, curve), key="topk")

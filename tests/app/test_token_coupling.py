@@ -173,6 +173,10 @@ def assert_numbers_match(app: AppTest) -> dict[str, Any]:
     assert float(metric_text(app, SUPPRESSED)) == pytest.approx(ref["suppressed"], rel=1e-3)
     assert float(metric_text(app, GAP)) == pytest.approx(ref["boosted"] - ref["suppressed"], rel=1e-3)
     assert float(metric_text(app, "no-coupling control's gap")) == pytest.approx(ref["control"], rel=1e-3)
+    added = ref["boosted"] - ref["suppressed"] - ref["control"]
+    assert float(metric_text(app, "what coupling adds (gap − control)")) == pytest.approx(
+        added, rel=1e-3, abs=1e-4
+    )
     return ref
 
 
