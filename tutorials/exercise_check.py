@@ -187,7 +187,7 @@ def switched_off(namespace: dict[str, Any], *names: str) -> Iterator[None]:
     saved = {name: namespace[name] for name in names if name in namespace}
     # the same function reached another way (`import cancellation.coupling as cc; cc.output_overlap`, a
     # package re-export) is switched off too: every loaded module of its package that holds it by that name
-    elsewhere: list[tuple[Any, str, Any]] = []
+    elsewhere: list[tuple[Any, str]] = []
     for name, obj in saved.items():
         package = getattr(obj, "__module__", None)
         if not package:
@@ -195,7 +195,7 @@ def switched_off(namespace: dict[str, Any], *names: str) -> Iterator[None]:
         top = package.split(".")[0]
         for mod_name, mod in list(sys.modules.items()):
             if (mod_name == top or mod_name.startswith(top + ".")) and getattr(mod, name, None) is obj:
-                elsewhere.append((mod, name, obj))
+                elsewhere.append((mod, name))
 
     def off(name: str) -> Any:
         def stub(*args: Any, **kwargs: Any) -> Any:
@@ -208,13 +208,13 @@ def switched_off(namespace: dict[str, Any], *names: str) -> Iterator[None]:
 
     for name in names:
         namespace[name] = off(name)
-    for mod, name, _ in elsewhere:
+    for mod, name in elsewhere:
         setattr(mod, name, namespace[name])
     try:
         yield
     finally:
-        for mod, name, obj in elsewhere:
-            setattr(mod, name, obj)
+        for mod, name in elsewhere:
+            setattr(mod, name, saved[name])
         for name in names:
             if name in saved:
                 namespace[name] = saved[name]

@@ -723,17 +723,6 @@ def _stdout(cell: nbformat.NotebookNode) -> str:
     return "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream")
 
 
-def _outputs_text(nb: nbformat.NotebookNode) -> str:
-    parts = []
-    for cell in nb.cells:
-        for out in cell.get("outputs", []):
-            if out.get("output_type") == "stream":
-                parts.append(out.get("text", ""))
-            elif "data" in out and "text/plain" in out["data"]:
-                parts.append(out["data"]["text/plain"])
-    return "".join(parts)
-
-
 #: a number as prose writes it: 0.226, −1.1e-4, 1,024.5
 PROSE_NUMBER = re.compile(r"(?<![\w.])[−-]?\d+(?:,\d{3})*(?:\.\d+)?(?:e[−-]?\d+)?(?![\w])")
 #: what is not a measured number: maths and code (their own notation), link targets, arXiv ids, and the
@@ -793,7 +782,7 @@ def test_kernel_is_this_interpreter(kernel_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setenv("JUPYTER_PATH", str(kernel_path))
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import sys; print(sys.executable)")])
     nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3").execute()
-    assert _outputs_text(nb).strip() == sys.executable
+    assert _all_outputs_text(nb).strip() == sys.executable
 
 
 @pytest.mark.parametrize("path", TUTORIALS, ids=[p.stem for p in TUTORIALS])
