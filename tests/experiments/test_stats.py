@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -501,6 +502,54 @@ def test_signflip_p_by_hand_and_monte_carlo():
     assert mc == signflip_p(d, exact_max=10, n_mc=40_000, seed=1)
     # n = 25 (Monte Carlo by default) all positive: p = (1 + #{all-+ or all-−}) / (1 + n_mc), near 1/(1+n_mc)
     assert signflip_p(np.arange(1.0, 26.0), n_mc=10_000) <= 3 / 10_001
+
+
+def _signflip_exact(d):
+    """The sign-flip p in exact rational arithmetic (``Fraction``: decimal strings as written, floats as
+    stored), so a tie is a tie and nothing else is."""
+    x = [Fraction(v) for v in d]
+    total = abs(sum(x))
+    flips = list(itertools.product((1, -1), repeat=len(x)))
+    return Fraction(
+        sum(abs(sum(e * v for e, v in zip(eps, x, strict=True))) >= total for eps in flips), len(flips)
+    )
+
+
+def test_signflip_p_counts_a_decimal_tie_lost_to_float_rounding():
+    # 0.3 − 0.1 − 0.2 = 0 in decimal, so flipping those three reaches |Σ| = 0.9 exactly: subsets with sum
+    # ≤ 0 ({}, {−0.1}, {−0.2}, {−0.1, −0.2}, {0.3, −0.1, −0.2}) and their complements, 10 of 32. In floats
+    # that flip lands a few ulps below the observed sum; the 1e-12 · Σ|d| tolerance counts it.
+    text = ["0.3", "-0.1", "-0.2", "0.5", "0.4"]
+    assert _signflip_exact(text) == Fraction(10, 32)
+    assert signflip_p([float(s) for s in text]) == 10 / 32
+
+
+def test_signflip_p_tolerance_is_float_noise_only():
+    # d = (1, 0.5, −0.5 + 1e-9): flipping {0.5, −0.5 + 1e-9} gives 1 − 1e-9, 2e-9 short of Σ = 1 + 1e-9,
+    # a real shortfall (2000× the tolerance), so it does not count: {} , {−0.5+ε}, {1, 0.5}, all: 4 of 8
+    d = [1.0, 0.5, -0.5 + 1e-9]
+    assert _signflip_exact(d) == Fraction(4, 8)
+    assert signflip_p(d) == 0.5
+
+
+def test_signflip_p_enumerates_exactly_at_exact_max():
+    d = [0.5, 1.2, -0.3, 2.0, 0.7, -0.1]
+    # Σ = 4: the subsets of {−0.3, −0.1} (sum ≤ 0) and their complements reach it, 8 of 64
+    exact = float(_signflip_exact(d))
+    assert exact == 8 / 64
+    assert signflip_p(d, exact_max=6) == exact  # n = exact_max: still enumerated
+    # n = exact_max + 1: Monte Carlo, p = (1 + count) / (1 + n_mc), never the exact fraction here
+    mc = signflip_p(d, exact_max=5, n_mc=999, seed=2)
+    assert mc * 1000 == pytest.approx(round(mc * 1000), abs=1e-9) and mc != exact
+
+
+def test_signflip_p_monte_carlo_is_never_zero():
+    # n = 25 all positive: only the all-+ and all-− flips (2 of 2^25) reach |Σ|, so one random flip almost
+    # surely misses (probability 1 − 2^-24); p = (1 + 0) / (1 + 1) = 1/2, never 0 / 1
+    d = np.arange(1.0, 26.0)
+    for seed in range(5):
+        assert signflip_p(d, n_mc=1, seed=seed) == 0.5
+    assert signflip_p(d, n_mc=1_000, seed=0) == 1 / 1_001
 
 
 def test_tolerance_makes_float_noise_a_tie():
