@@ -483,6 +483,23 @@ def test_counterfactual_value_broadcasts_and_guards_pi_one() -> None:
     assert float(counterfactual_value(0.7, 0.5, 0.0)) == pytest.approx(0.2)
 
 
+def test_counterfactual_value_min_alt_prob_zero_guards_pi_one_exactly() -> None:
+    # min_alt_prob = 0: NaN only where π(a|s) = 1 exactly (1 − π = 0: no alternative is ever sampled), never
+    # the ±inf or 0/0 of an unguarded division; just below 1 the value is (R̄(s, a) − R̄(s)) / (1 − π)
+    pi = torch.tensor([1.0, 1.0, 1.0, 0.5], dtype=F64)
+    out = counterfactual_value(torch.tensor([0.75, 0.25, 0.5, 0.75], dtype=F64), 0.5, pi, min_alt_prob=0.0)
+    assert bool(out[:3].isnan().all()), out
+    assert float(out[3]) == 0.5  # 0.25 / 0.5, exact in binary
+    below = 1.0 - 2.0**-40
+    assert float(counterfactual_value(0.75, 0.5, below, min_alt_prob=0.0)) == 0.25 * 2.0**40
+
+
+def test_counterfactual_value_guard_includes_its_threshold() -> None:
+    # NaN where 1 − π ≤ min_alt_prob: 1 − 0.75 = 0.25 exactly, so min_alt_prob = 0.25 guards it and 0.125 not
+    assert math.isnan(float(counterfactual_value(0.75, 0.5, 0.75, min_alt_prob=0.25)))
+    assert float(counterfactual_value(0.75, 0.5, 0.75, min_alt_prob=0.125)) == 1.0  # 0.25 / 0.25
+
+
 # --------------------------------------------------------------------------------------------
 # bad input
 
