@@ -33,12 +33,14 @@ from cancellation.batching import SPLIT_MODES
 from cancellation.objectives import ESTIMATORS, objective_names
 from cancellation.transforms import TRANSFORMS
 
-from .rewards import check_weights, parse_reward_names, reward_names
+from .rewards import HOW_TO_REGISTER, check_weights, load_reward_file, parse_reward_names, reward_names
 from .tasks import RESERVED_TEMPLATE_KWARGS, source_problems
 
 DTYPES = ("float32", "bfloat16")
 #: Valid ``truncation`` values (see the field's docstring).
 TRUNCATIONS = ("mask", "failure_reward", "keep")
+#: ``reward``'s default: ``reward_file`` replaces it (any other value must name the file's function).
+DEFAULT_REWARD = "exact_match"
 #: String fields that may be given as a list (YAML, Python): the names are joined with commas.
 COMMA_JOINED = ("reward",)
 #: Fields that no longer exist, and what replaced them (an old YAML key or CLI option names the new field).
@@ -128,19 +130,25 @@ class RunConfig:
     seed: int = 0
     """Seed of the task draw, the sampling and the LoRA init."""
     num_train: int | None = None
-    """Training prompts, a seeded sample of the train split. None: every row of a dataset (after
-    ``max_prompt_length``), and 64 problems of a synthetic task. ``default.yaml`` sets 64 for the tiny
-    run: each prompt comes back every few steps, so 200 steps on CPU show the reward rising (with 2000
-    the tiny model's gain is within the noise)."""
+    """Training prompts, a seeded sample of the train split (more than the split has is an error). None
+    (``--num_train none``): every row of a dataset (after ``max_prompt_length``), and 64 problems of a
+    synthetic task, the tiny run's: each prompt comes back every few steps, so 200 steps on CPU show the
+    reward rising (with 2000 the tiny model's gain is within the noise)."""
     num_eval: int = 100
     """Held-out prompts for evaluation (disjoint from the train split); a dataset's eval split with fewer
     rows gives them all (the run says so)."""
 
     # ---- reward
-    reward: str = "exact_match"
+    reward: str = DEFAULT_REWARD
     """Reward function name(s) (``scaledrun.rewards.REWARDS``): ``exact_match`` for the synthetic tasks,
     ``math_verify`` for ``\\boxed{}`` math answers. Several: comma-separated (``math_verify,my_format``; a
-    YAML list is joined so); the reward is their ``reward_weights``-weighted sum (TRL's ``reward_funcs``)."""
+    YAML list is joined so); the reward is their ``reward_weights``-weighted sum (TRL's ``reward_funcs``).
+    Your own: a module registering it (``--import my_module``, ``@register_reward``), or ``reward_file``."""
+    reward_file: str | None = None
+    """``PATH.py:FUNCTION``: a reward function of your own in a file (verl's ``custom_reward_function``
+    ``path`` / ``name``), imported when the config loads and registered under its name (FUNCTION). It is
+    the run's reward when ``reward`` is left at ``exact_match``; to combine it with others, name it in
+    ``reward`` (``--reward math_verify,FUNCTION --reward_weights 1.0 0.2``). None: none."""
     reward_weights: list[float] | None = None
     """One weight per name in ``reward`` (TRL's ``reward_weights``); the logged reward is Σ_k w_k·r_k.
     None: 1.0 each. On the command line ``--reward_weights 1.0 0.2``."""
@@ -344,12 +352,25 @@ class RunConfig:
             bad("num_train", "must be ≥ 1 (or None: every row of a dataset)")
         if self.num_eval < 0:
             bad("num_eval", "must be ≥ 0")
+        if self.reward_file is not None:
+            try:
+                own = load_reward_file(self.reward_file)
+            except ValueError as err:
+                bad("reward_file", str(err))
+            if own not in [n.strip() for n in self.reward.split(",")]:
+                if self.reward != DEFAULT_REWARD:
+                    bad(
+                        "reward",
+                        f"does not name `reward_file`'s function {own!r}: add it ({self.reward},{own})",
+                    )
+                self.reward = own
         try:
             names = parse_reward_names(self.reward)
         except ValueError:
             bad(
                 "reward",
-                f"unknown value; valid (one, or several separated by commas): {', '.join(reward_names())}",
+                f"unknown value; valid (one, or several separated by commas): {', '.join(reward_names())}; "
+                + HOW_TO_REGISTER,
             )
         try:
             check_weights(names, self.reward_weights)
@@ -716,8 +737,11 @@ def load_config(path: str | None, overrides: list[str] | None = None) -> RunConf
     names = {f.name for f in dataclasses.fields(RunConfig)}
     file_values: dict[str, Any] = {}
     if path is not None:
-        text = Path(path).read_text()
-        loaded = yaml.safe_load(text) or {}
+        try:
+            with open(path, encoding="utf-8") as f:  # the file's name in YAML's message, not "<unicode string>"
+                loaded = yaml.safe_load(f) or {}
+        except yaml.YAMLError as err:
+            raise ValueError(f"config file {path} is not valid YAML: {err}") from None
         if not isinstance(loaded, dict):
             raise ValueError(f"config file {path}: expected a mapping of field: value")
         for old in set(loaded) & set(RENAMED):

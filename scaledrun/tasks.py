@@ -445,14 +445,27 @@ def _column(name: str, columns: Sequence[str]) -> str | None:
     return head if head in columns else None
 
 
+class MissingKey(KeyError):
+    """A dotted field's key is not where the field says: ``str()`` names the key, where it was looked
+    for and the keys found there."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 def _lookup(row: Mapping[str, Any], name: str) -> Any:
-    """``row[name]``, or the nested value a dotted ``name`` points at (``KeyError`` naming the missing key)."""
+    """``row[name]``, or the nested value a dotted ``name`` points at (``MissingKey`` naming the missing
+    key and the keys found at that level)."""
     if name in row:
         return row[name]
     value: Any = row
-    for part in name.split("."):
-        if not isinstance(value, Mapping) or part not in value:
-            raise KeyError(part)
+    parts = name.split(".")
+    for depth, part in enumerate(parts):
+        where = "the row" if depth == 0 else repr(".".join(parts[:depth]))
+        if not isinstance(value, Mapping):
+            raise MissingKey(f"{where} is a {type(value).__name__}, not a mapping with a key {part!r}")
+        if part not in value:
+            raise MissingKey(f"{where} has no key {part!r}; its keys: {', '.join(map(str, value)) or 'none'}")
         value = value[part]
     return value
 
@@ -499,12 +512,13 @@ def tasks_from_rows(
     out: list[Task] = []
     for i, row in enumerate(rows):
         at = f"{where}, row {i}"
-        try:
-            prompt, answer = _lookup(row, prompt_field), _lookup(row, answer_field)
-        except KeyError as err:
-            raise ValueError(
-                f"{at}: no key {err.args[0]!r} on the way to {prompt_field!r} / {answer_field!r}"
-            ) from None
+        values = {}
+        for name, what in ((prompt_field, "prompt_field"), (answer_field, "answer_field")):
+            try:
+                values[what] = _lookup(row, name)
+            except MissingKey as err:
+                raise ValueError(f"{at}: `{what}`={name!r}: {err}; set `{what}` to the right key") from None
+        prompt, answer = values["prompt_field"], values["answer_field"]
         if answer is None:
             raise ValueError(f"{at}: the answer ({answer_field!r}) is empty")
         if not isinstance(answer, (str, int, float)):

@@ -84,8 +84,17 @@ N × ``prompts_per_step`` prompts)::
 Resume a killed run: the same command with ``--resume true`` (continues from the latest checkpoint in
 ``output_dir``; the same number of processes; under ZeRO/FSDP the optimizer state is not checkpointed).
 
-Options outside the config: ``--import module`` (repeatable) imports a module first, e.g. one that
-registers a reward with ``@scaledrun.rewards.register_reward``.
+Options outside the config (``--help`` lists them): ``--import module`` (repeatable) imports a module
+first, e.g. one that registers a reward with ``@scaledrun.rewards.register_reward``; a reward function in
+a file is the config field ``--reward_file path.py:function``.
+
+Your own data (docs/trainer.md, "Train on your own data")::
+
+    python -m scaledrun.train --config scaledrun/configs/default.yaml --task data/train.parquet \
+        --answer_field reward_model.ground_truth --reward_file my_rewards.py:score --output_dir runs/mine
+
+The data is read and checked (columns, keys, ``num_train``, the chat template) with the tokenizer alone,
+before the run folder is created and before the model loads: a mistake prints ``error: ...`` and exits 2.
 
 Debug hooks
 -----------
@@ -185,7 +194,7 @@ from .backends import make_backend
 from .checkpoint import checkpoint_config, latest_checkpoint, load_checkpoint, safe_load, save_checkpoint
 from .config import RunConfig, load_config, save_config
 from .packing import RowLengths, balance_bins, pack_rows, trim_batch
-from .rewards import compute_rewards
+from .rewards import compute_rewards, parse_reward_names, score_rewards
 from .rollout import (
     RolloutBatch,
     completion_logprobs,
@@ -209,6 +218,7 @@ from .tasks import (
     drop_overlong,
     format_prompt,
     has_eval_source,
+    is_task_file,
     load_task,
     reward_columns,
     source_problems,
@@ -219,7 +229,8 @@ ENERGY_MAX_ELEMENTS = 2**26
 NUM_ENERGY_BUCKETS = 3
 ENERGY_KEYS = tuple(f"energy/bucket_{k}" for k in range(NUM_ENERGY_BUCKETS))
 #: Keys of every training row (eval rows add ``eval/greedy_accuracy`` and ``eval/avg@k``, and
-#: ``FORM_KEYS`` when the eval tasks carry ≥ 2 equally correct forms).
+#: ``FORM_KEYS`` when the eval tasks carry ≥ 2 equally correct forms). Each reward function of ``reward``
+#: adds ``rewards/<name>/mean``, its own mean beside the weighted sum ``reward/mean`` (TRL's key).
 STEP_KEYS = (
     *METRIC_KEYS,
     "sampled_reward",
@@ -313,21 +324,37 @@ def compute_precision(cfg: RunConfig, device: torch.device) -> Any:
 
 
 def load_model_and_tokenizer(cfg: RunConfig) -> tuple[Any, Any]:
-    """``from_pretrained`` (dtype from the config), left-padding tokenizer, LoRA unless full fine-tuning.
+    """``load_model(cfg)`` and ``load_tokenizer(cfg)``."""
+    return load_model(cfg), load_tokenizer(cfg)
 
-    Full fine-tuning in bfloat16 loads float32 weights (``master_fp32``): the passes then run under
-    bfloat16 autocast (``compute_precision``).
-    """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    dtype = torch.float32 if master_fp32(cfg) else getattr(torch, cfg.dtype)
+def load_tokenizer(cfg: RunConfig) -> Any:
+    """The model's tokenizer, left-padding (pad = EOS when it has none). Cheap: the trainer loads it
+    before the model, to check and format the data first."""
+    from transformers import AutoTokenizer
+
     try:  # ``train`` has checked the source already (``check_model_source``)
         tokenizer = AutoTokenizer.from_pretrained(cfg.model, padding_side="left")
-        model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=dtype)
     except OSError as err:
         raise FileNotFoundError(f"config field `model`={cfg.model!r} could not be loaded: {err}") from err
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(cfg: RunConfig) -> Any:
+    """``from_pretrained`` (dtype from the config), LoRA unless full fine-tuning.
+
+    Full fine-tuning in bfloat16 loads float32 weights (``master_fp32``): the passes then run under
+    bfloat16 autocast (``compute_precision``).
+    """
+    from transformers import AutoModelForCausalLM
+
+    dtype = torch.float32 if master_fp32(cfg) else getattr(torch, cfg.dtype)
+    try:  # ``train`` has checked the source already (``check_model_source``)
+        model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=dtype)
+    except OSError as err:
+        raise FileNotFoundError(f"config field `model`={cfg.model!r} could not be loaded: {err}") from err
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
@@ -344,7 +371,7 @@ def load_model_and_tokenizer(cfg: RunConfig) -> tuple[Any, Any]:
         raise ValueError(
             "config field `beta` > 0 needs LoRA (the reference is the base model with the adapter off)"
         )
-    return model, tokenizer
+    return model
 
 
 #: Seconds the hub probe of ``check_model_source`` waits for an answer.
@@ -484,11 +511,58 @@ def load_tasks(
     knob = "num_train" if split == "train" else "num_eval"
     if n is not None and n > len(tasks):
         if split == "train":
-            raise ValueError(f"config field `num_train`={n}: the train split has only {len(tasks)} prompts")
+            raise ValueError(
+                f"config field `num_train`={n}: the train split has only {len(tasks)} prompts; ask for at "
+                "most that many, or none (--num_train none: every row)"
+            )
         log(f"eval: the eval split has {len(tasks)} prompts, fewer than num_eval={n}: using them all")
     tasks = tasks[:n] if n is not None else tasks
-    log(f"{split}: {len(tasks)} prompts from {cfg.task} ({knob}={n})")
+    log(f"{split}: {len(tasks)} prompts from {task_source(cfg, split)} ({knob}={n})")
     return tasks
+
+
+def task_source(cfg: RunConfig, split: str) -> str:
+    """Where the ``split`` (``train``/``eval``) rows of a dataset come from, as the logs name it."""
+    if split == "eval" and cfg.eval_split is not None:
+        return cfg.eval_split if is_task_file(cfg.eval_split) else f"{cfg.task} (split {cfg.eval_split})"
+    if split == "eval":
+        return f"{cfg.task} (the prompts eval_fraction={cfg.eval_fraction} holds out)"
+    return cfg.task if cfg.train_split == "train" else f"{cfg.task} (split {cfg.train_split})"
+
+
+class DataError(ValueError):
+    """The task data cannot be used as configured (a column, a key, ``num_train``, a prompt); the message
+    names the field to fix."""
+
+
+@dataclass
+class RunData:
+    """The run's prompts, loaded and checked before the run folder or the model: the train and eval
+    tasks, and each train prompt as the model sees it (by ``id`` of its task)."""
+
+    train: list[Task]
+    eval: list[Task]
+    formatted: dict[int, str]
+
+
+def load_data(cfg: RunConfig, tokenizer: Any, log: Callable[[str], None] = print) -> RunData:
+    """The train and eval tasks of ``cfg`` (``load_tasks``), their prompts chat-formatted; every mistake in
+    the data (a missing column or key, ``num_train`` above the rows, a prompt the template refuses) is a
+    ``DataError`` naming what to fix."""
+    try:
+        train_tasks = load_tasks(cfg, "train", cfg.num_train, tokenizer, log)
+        eval_tasks = (
+            load_tasks(cfg, "eval", cfg.num_eval, tokenizer, log)
+            if cfg.eval_every > 0 and cfg.num_eval > 0
+            else []
+        )
+        formatted = {
+            id(t): format_prompt(tokenizer, t.prompt, cfg.system_prompt, cfg.chat_template_kwargs)
+            for t in train_tasks
+        }
+    except (ValueError, KeyError) as err:
+        raise DataError(str(err)) from err
+    return RunData(train_tasks, eval_tasks, formatted)
 
 
 def step_prompts(
@@ -1125,6 +1199,9 @@ def train(
     check_task_source(cfg)
     if accelerator.is_main_process:  # not the others: they may start after the main one wrote its files
         refuse_existing_run(out_dir, resume=cfg.resume, overwrite=cfg.overwrite)
+    # the data, read and checked with the (cheap) tokenizer before the folder and the (costly) model
+    tokenizer = load_tokenizer(cfg)
+    data = load_data(cfg, tokenizer, accelerator.print)
 
     # ---- the run folder: one writer (main process), no silent replacement, no mixed runs
     lock = RunLock(out_dir)
@@ -1132,7 +1209,7 @@ def train(
         if accelerator.is_main_process:
             lock.acquire()
             check_start(out_dir, resume=cfg.resume, overwrite=cfg.overwrite)
-        result = _train(cfg, accelerator, debug_dir, replay_dir)
+        result = _train(cfg, accelerator, tokenizer, data, debug_dir, replay_dir)
     finally:
         lock.release()
     summary = run_summary(out_dir, result.rows, cfg.steps - len(result.rows), time.perf_counter() - started)
@@ -1159,28 +1236,24 @@ def run_summary(out_dir: Path, rows: list[dict[str, float]], start: int, seconds
 
 
 def _train(
-    cfg: RunConfig, accelerator: Any, debug_dir: str | Path | None, replay_dir: str | Path | None
+    cfg: RunConfig,
+    accelerator: Any,
+    tokenizer: Any,
+    data: RunData,
+    debug_dir: str | Path | None,
+    replay_dir: str | Path | None,
 ) -> TrainResult:
-    """The run itself (``train`` holds the run folder around it)."""
+    """The run itself (``train`` holds the run folder around it and has loaded the data)."""
     rank, world = accelerator.process_index, accelerator.num_processes
     out_dir = Path(cfg.output_dir)
 
-    # ---- model, optimizer, data
-    model, tokenizer = load_model_and_tokenizer(cfg)
+    # ---- model, optimizer (the data is loaded: ``train``)
+    model = load_model(cfg)
     optimizer, scheduler = build_optimizer(cfg, model)
     _deepspeed_micro_batch(accelerator)
     # the scheduler is not prepared: an accelerate-prepared scheduler steps once per process
     model, optimizer = accelerator.prepare(model, optimizer)
-    train_tasks = load_tasks(cfg, "train", cfg.num_train, tokenizer, accelerator.print)
-    eval_tasks = (
-        load_tasks(cfg, "eval", cfg.num_eval, tokenizer, accelerator.print)
-        if cfg.eval_every > 0 and cfg.num_eval > 0
-        else []
-    )
-    formatted = {
-        id(t): format_prompt(tokenizer, t.prompt, cfg.system_prompt, cfg.chat_template_kwargs)
-        for t in train_tasks
-    }
+    train_tasks, eval_tasks, formatted = data.train, data.eval, data.formatted
     buffer = None if cfg.reward_balanced_rho is None else make_buffer(cfg, tokenizer.pad_token_id)
 
     # ---- resume
@@ -1203,6 +1276,7 @@ def _train(
     ref_ctx = unwrapped.disable_adapter if cfg.beta > 0 else None
     backend = make_backend(cfg.rollout_backend, unwrapped, cfg.generation_batch_size)
     rows: list[dict[str, float]] = []
+    reward_fns = list(dict.fromkeys(parse_reward_names(cfg.reward)))  # one ``rewards/<name>/mean`` each
     warned_truncation = False
     model.train()
 
@@ -1234,13 +1308,17 @@ def _train(
 
             # ---- 2. rewards, truncation, group-relative advantages (DFPO eq. 43) over the rows in the loss
             failures = 0
+            # each reward function's own values (rows × functions; NaN on a replayed batch: not scored here)
+            terms = torch.full((len(batch), len(reward_fns)), math.nan, device=batch.group.device)
             if not replayed:
                 by_id = dict(mine)  # each row's task by its global prompt id: its dataset columns
-                rewards, failures = compute_rewards(
+                scores = score_rewards(
                     cfg.reward, batch.prompts, batch.completions, batch.answers, cfg.failure_reward,
                     weights=cfg.reward_weights, columns=reward_columns([by_id[g] for g in batch.group.tolist()]),
                 )  # fmt: skip
-                batch.rewards = torch.tensor(rewards, dtype=torch.float32, device=batch.group.device)
+                failures = scores.failures
+                batch.rewards = torch.tensor(scores.rewards, dtype=torch.float32, device=batch.group.device)
+                terms = torch.tensor([scores.terms[n] for n in reward_fns], device=batch.group.device).T
             valid = apply_truncation(cfg, batch)
             batch.advantages = group_advantages(
                 batch.rewards, batch.group, scale=cfg.adv_scale, valid=valid
@@ -1290,6 +1368,7 @@ def _train(
 
             # ---- 5. the log row (same keys as the toy where they exist)
             all_rewards = accelerator.gather(batch.rewards)
+            all_terms = accelerator.gather(terms.contiguous())
             row = _mean_over_processes(accelerator, {
                 **{k: res.metrics.get(k, math.nan) for k in METRIC_KEYS}, **res.flip, **res.energy,
                 "completion_length": roll["completion_length"], "truncated_frac": roll["truncated_frac"],
@@ -1314,6 +1393,8 @@ def _train(
                 "sampled_reward": float(all_rewards.mean()),
                 "reward/mean": float(all_rewards.mean()),
                 "reward/std": float(all_rewards.std()) if all_rewards.numel() > 1 else 0.0,
+                # each function's own mean beside their weighted sum (TRL's rewards/<name>/mean)
+                **{f"rewards/{n}/mean": float(all_terms[:, k].mean()) for k, n in enumerate(reward_fns)},
                 "accuracy": float((all_rewards >= 1.0).float().mean()),
                 "reward_failures": totals["reward_failures"],
                 "truncation/dropped_groups": totals["truncation/dropped_groups"],
@@ -1492,18 +1573,74 @@ def _pop_option(argv: list[str], name: str) -> list[str]:
     return values
 
 
+#: The command line's options outside ``RunConfig`` (``main`` takes them out first), as ``--help`` lists them.
+CLI_OPTIONS = {
+    "--config": (
+        "PATH.yaml",
+        "A YAML file of RunConfig fields (scaledrun/configs/default.yaml); the --field options override it.",
+    ),
+    "--import": (
+        "MODULE",
+        "Import this module first (repeatable), e.g. one that registers a reward with "
+        "@scaledrun.rewards.register_reward('my_fn') for --reward my_fn. Its folder must be on the Python "
+        "path (the working directory is); for a file anywhere use --reward_file PATH.py:FUNCTION.",
+    ),
+    "--debug_dir": ("DIR", "Debug: each process writes its step batches, gradients and weights under DIR."),
+    "--replay_dir": ("DIR", "Debug: a step with a saved batch under DIR trains on it instead of sampling."),
+}
+
+
+def print_help() -> None:
+    """``--help``: the options outside the config, then every ``RunConfig`` field with its docstring."""
+    import argparse
+
+    from .config import make_parser
+
+    parser = make_parser()
+    parser.prog = "python -m scaledrun.train"
+    group = parser.add_argument_group("options outside the config")
+    for name, (metavar, text) in CLI_OPTIONS.items():
+        group.add_argument(name, metavar=metavar, help=text, default=argparse.SUPPRESS)
+    parser.print_help()
+
+
+def import_modules(modules: list[str]) -> None:
+    """``--import`` each module; one that cannot be imported is a ``ValueError`` naming it and the path."""
+    import importlib
+
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as err:
+            if err.name is None or not (module == err.name or module.startswith(err.name + ".")):
+                raise ValueError(
+                    f"--import {module}: it imports {err.name!r}, which is not installed"
+                ) from err
+            raise ValueError(
+                f"--import {module}: no module {err.name!r} on the Python path (the working directory "
+                f"{Path.cwd()} and the installed packages); run from the folder that holds {module.split('.')[0]}.py, "
+                "add its folder to PYTHONPATH, or pass --reward_file PATH.py:FUNCTION for a reward in a file"
+            ) from err
+        except Exception as err:  # a module that fails while it runs: say which one
+            raise ValueError(f"--import {module} failed: {type(err).__name__}: {err}") from err
+
+
 def main(argv: list[str] | None = None) -> TrainResult:
     """``--config path.yaml`` then any ``--field value`` overrides of ``RunConfig``.
 
-    Options outside the config: ``--import module`` (repeatable; imported first, e.g. a module that
-    registers reward functions with ``@register_reward``), and the debug hooks ``--debug_dir DIR``,
-    ``--replay_dir DIR`` (``train``'s keyword arguments).
+    Options outside the config (``CLI_OPTIONS``): ``--import module`` (repeatable; imported first, e.g. a
+    module that registers reward functions with ``@register_reward``), and the debug hooks
+    ``--debug_dir DIR``, ``--replay_dir DIR`` (``train``'s keyword arguments). A reward in a file is a
+    config field (``--reward_file PATH.py:FUNCTION``), saved with the run so that a resume finds it.
     """
-    import importlib
-
     argv = list(sys.argv[1:] if argv is None else argv)
-    for module in _pop_option(argv, "--import"):
-        importlib.import_module(module)
+    if "-h" in argv or "--help" in argv:
+        print_help()
+        raise SystemExit(0)
+    try:
+        import_modules(_pop_option(argv, "--import"))
+    except ValueError as err:
+        _usage_error(err)
     debug = _pop_option(argv, "--debug_dir")
     replay = _pop_option(argv, "--replay_dir")
     paths = _pop_option(argv, "--config")
@@ -1518,7 +1655,7 @@ def main(argv: list[str] | None = None) -> TrainResult:
         _usage_error(err)
     try:
         return train(cfg, debug_dir=debug[-1] if debug else None, replay_dir=replay[-1] if replay else None)
-    except (RunFolderError, FileNotFoundError) as err:  # the run folder, the model folder, a task file
+    except (RunFolderError, FileNotFoundError, DataError) as err:  # the folder, the model, the data
         _usage_error(err)
 
 

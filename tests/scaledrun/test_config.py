@@ -20,8 +20,9 @@ def test_default_yaml_maps_one_to_one_to_the_dataclass():
 
     keys = list(yaml.safe_load(DEFAULT_YAML.read_text()))
     assert keys == [f.name for f in dataclasses.fields(RunConfig)]
-    # the file only pins the tiny run's 64 training prompts (the dataclass: every row of a dataset)
-    assert load_config(str(DEFAULT_YAML), []) == RunConfig(num_train=64)
+    # the file is the dataclass's defaults: num_train null is every row of a dataset (a starting point
+    # for any dataset, however few rows it has) and SYNTHETIC_DEFAULT_N problems of the tiny run's task
+    assert load_config(str(DEFAULT_YAML), []) == RunConfig()
     assert RunConfig().num_train is None
 
 
@@ -78,12 +79,19 @@ def test_presets_layer_under_yaml_and_cli(tmp_path):
         assert load_config(None, ["--preset", name]).preset == name
 
 
-def test_cli_preset_wins_over_a_yaml_listing_every_field():
+def test_cli_preset_wins_over_a_yaml_listing_every_field(tmp_path):
     # default.yaml lists lr and model; a preset named on the command line must still take effect
     cfg = load_config(str(DEFAULT_YAML), ["--preset", "qwen3-0.6b"])
     assert (cfg.model, cfg.lr, cfg.dtype, cfg.lora_rank) == ("Qwen/Qwen3-0.6B", 1e-5, "bfloat16", 16)
     assert cfg.preset == "qwen3-0.6b"
-    assert cfg.steps == 200 and cfg.num_train == 64  # fields the preset leaves alone keep the file's values
+    # fields the preset leaves alone keep the file's values (a copy with two values off the defaults)
+    listed = tmp_path / "listed.yaml"
+    text = (
+        DEFAULT_YAML.read_text().replace("num_train: null", "num_train: 64").replace("steps: 200", "steps: 7")
+    )
+    listed.write_text(text)
+    cfg = load_config(str(listed), ["--preset", "qwen3-0.6b"])
+    assert (cfg.model, cfg.steps, cfg.num_train) == ("Qwen/Qwen3-0.6B", 7, 64)
     # the other command-line options still override the preset, wherever they stand
     cfg = load_config(str(DEFAULT_YAML), ["--lr", "3e-6", "--preset", "qwen3-0.6b"])
     assert (cfg.model, cfg.lr) == ("Qwen/Qwen3-0.6B", 3e-6)
