@@ -83,8 +83,9 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"
 
-# the tests marked `sampling` as other machines would run them (other seeds, thread counts, AVX2 and
-# no-SIMD kernels): a test that holds only for this CPU's trajectory fails here before it fails in CI.
+# the tests marked `sampling` or `exactness` as other machines would run them (other seeds, thread counts,
+# AVX2 and no-SIMD kernels): a test that holds only for this CPU's trajectory or summation order fails
+# here before it fails in CI.
 # Narrow it with ARGS, e.g. make test-machines ARGS='--profiles avx2-seed1 -- -k test_update'.
 test-machines: setup
 	$(PY) -m tests.machines $(ARGS)

@@ -46,7 +46,10 @@ float rounding (the chunk's matmul and reductions may sum in another order than 
 
 Mixed precision: under ``torch.autocast`` the chunk's matmul runs in the autocast dtype (as the head's
 would), with W cast once per pass, not per chunk. The gradient of W is accumulated in float32 over the
-chunks (a (V, d) float32 buffer, only when W requires grad) and cast to W's dtype at the end.
+chunks (a (V, d) float32 buffer, only when W requires grad) and cast to W's dtype at the end. A float64
+model (no autocast) is scored in float64 throughout: its buffers, log-probs, entropy and accumulators
+are float64, so that the exactness tests (``tests/exactness.py``) compare two code paths where rounding
+cannot decide the comparison.
 
 References for the idea (read, not copied): TRL's ``ChunkedLogProbFunction`` (``trl.kernels``) and
 verl's ``logprobs_from_logits``; Liger-Kernel's fused linear cross-entropy.
@@ -83,18 +86,26 @@ def _compute_dtype(h: Tensor) -> torch.dtype:
     return h.dtype
 
 
+def _result_dtype(compute: torch.dtype) -> torch.dtype:
+    """The dtype of the log-probs and their reductions: float32, or float64 for a float64 model (the
+    exactness tests run the trainer in float64, where rounding cannot decide a comparison)."""
+    return torch.promote_types(compute, torch.float32)
+
+
 class _ChunkLogits:
-    """Reusable (chunk, V) buffers: each chunk's z/τ in float32 is written into the same memory.
+    """Reusable (chunk, V) buffers: each chunk's z/τ in float32 (float64 for a float64 model) is written
+    into the same memory.
 
     The matmul runs in the compute dtype, as the head computes it (``addmm`` with the bias, as
-    ``F.linear`` does), into a buffer of that dtype when it is not float32, then is copied to float32.
+    ``F.linear`` does), into a buffer of that dtype when it is not the result's, then is copied over.
     Reusing the buffers costs nothing on a GPU (its caching allocator reuses memory anyway) and spares the
     CPU a fresh mapping, zero-filled page by page, for every chunk.
     """
 
     def __init__(self, rows: int, vocab: int, dtype: torch.dtype, device: torch.device, temperature: float):
-        self.z = torch.empty(rows, vocab, dtype=torch.float32, device=device)
-        self.low = None if dtype == torch.float32 else torch.empty(rows, vocab, dtype=dtype, device=device)
+        result = _result_dtype(dtype)
+        self.z = torch.empty(rows, vocab, dtype=result, device=device)
+        self.low = None if dtype == result else torch.empty(rows, vocab, dtype=dtype, device=device)
         self.temperature = temperature
 
     def __call__(self, h_c: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -126,8 +137,8 @@ class ChunkedTokenLogprob(torch.autograd.Function):
     """log softmax((h W^T + b) / τ)[y] for N positions, ``chunk_tokens`` positions at a time.
 
     Forward inputs: ``hidden`` (N, d), ``weight`` (V, d), ``bias`` (V,) or None, ``targets`` (N,) int64,
-    ``temperature`` τ > 0, ``chunk_tokens`` ≥ 1, ``with_entropy``. Outputs: ``logp`` (N,) float32 and
-    ``entropy`` (N,) float32 (−Σ_v p_v log p_v of softmax(z/τ); not differentiable) or None.
+    ``temperature`` τ > 0, ``chunk_tokens`` ≥ 1, ``with_entropy``. Outputs: ``logp`` (N,) float32 (float64
+    for a float64 model, as every float32 below) and ``entropy`` (N,) float32 (−Σ_v p_v log p_v of softmax(z/τ); not differentiable) or None.
 
     Saved for the backward: hidden, weight, bias, targets and the (N,) float32 logsumexp of z/τ; the
     backward recomputes each chunk's logits. Gradients: hidden, and weight / bias when they require it.
@@ -149,7 +160,7 @@ class ChunkedTokenLogprob(torch.autograd.Function):
         device_type = hidden.device.type
         w = weight.to(dtype)  # once per pass (a no-op without autocast)
         b = None if bias is None else bias.to(dtype)
-        logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        logp = torch.empty(n, dtype=_result_dtype(dtype), device=hidden.device)
         lse = torch.empty_like(logp)
         entropy = torch.empty_like(logp) if with_entropy else None
         rows = min(chunk_tokens, n)
@@ -194,11 +205,12 @@ class ChunkedTokenLogprob(torch.autograd.Function):
         dtype, temperature = ctx.dtype, ctx.temperature
         w = weight.to(dtype)
         b = None if bias is None else bias.to(dtype)
-        grad_logp = grad_logp.float()
+        acc = _result_dtype(dtype)
+        grad_logp = grad_logp.to(acc)
         grad_h = torch.empty_like(hidden) if need_h else None
-        # float32 accumulators over the chunks (the same tensor as the result for a float32 weight)
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
-        grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_b else None
+        # float32 (float64) accumulators over the chunks (the same tensor as the result for such a weight)
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+        grad_b = torch.zeros(bias.shape, dtype=acc, device=bias.device) if need_b else None
         logits = _ChunkLogits(min(ctx.chunk_tokens, n), weight.shape[0], dtype, hidden.device, temperature)
         with torch.autocast(hidden.device.type, enabled=False):
             for start in range(0, n, ctx.chunk_tokens):
@@ -214,7 +226,7 @@ class ChunkedTokenLogprob(torch.autograd.Function):
                     dz_low = dz if logits.low is None else logits.low[: dz.shape[0]].copy_(dz)
                     grad_h[sl] = (dz_low @ w).to(hidden.dtype)
                 if grad_w is not None:
-                    grad_w.addmm_(dz.t(), h_c.float())
+                    grad_w.addmm_(dz.t(), h_c.to(acc))
                 if grad_b is not None:
                     grad_b += dz.sum(0)
         del logits
@@ -403,7 +415,7 @@ def completion_scores(
             chunk_tokens=chunk_tokens,
             with_entropy=with_entropy,
         )
-        zeros = torch.zeros(keep.shape, dtype=torch.float32, device=hidden.device)
+        zeros = torch.zeros(keep.shape, dtype=logp_n.dtype, device=hidden.device)
         if ent_n is not None:
             result["entropy"] = zeros.masked_scatter(keep, ent_n)
         logp = zeros.masked_scatter(keep, logp_n)

@@ -1,8 +1,10 @@
-"""Run the sampling-dependent tests as other machines would: ``make test-machines``.
+"""Run the machine-dependent tests as other machines would: ``make test-machines``.
 
 A test that passes here because the tiny model happened to learn or sample one way fails on the next
-CPU. This script runs the tests marked ``sampling`` (``tests/conftest.py``: every test that uses a
-trained tiny model or sampled tokens) once per *profile*, a combination of
+CPU, and so does a comparison of two code paths at a float32 tolerance that this CPU's summation order
+happens to meet. This script runs the tests marked ``sampling`` (``tests/conftest.py``: every test
+that uses a trained tiny model or sampled tokens) or ``exactness`` (those that compare the
+floating-point results of two code paths: ``tests/exactness.py``) once per *profile*, a combination of
 
 - a seed for the tiny models and runs the tests build (``CANCELLATION_TEST_SEED``),
 - torch's thread count (``CANCELLATION_TEST_THREADS``: another summation order),
@@ -11,9 +13,10 @@ trained tiny model or sampled tokens) once per *profile*, a combination of
   AVX-512 (or without any SIMD) runs, and changes the trained model as much as another machine does,
 
 and prints one line per profile. It exits with 1 when a profile fails, so a trajectory-dependent
-assertion fails on this machine before it fails in CI::
+assertion, or an exactness one at a tolerance one CPU happens to meet, fails on this machine before it
+fails in CI::
 
-    python -m tests.machines                       # every profile, the sampling tests (30-40 min on 2 cores)
+    python -m tests.machines                       # every profile, the sampling and exactness tests
     python -m tests.machines --profiles avx2-seed1 -- -k test_update   # one profile, some tests
     python -m tests.machines --list                # the profiles
 """
@@ -31,6 +34,9 @@ from experiments.machines import INSTRUCTION_SETS
 
 REPO = Path(__file__).resolve().parents[1]
 _AVX2, _NO_SIMD = INSTRUCTION_SETS["avx2"], INSTRUCTION_SETS["nosimd"]
+
+#: The tests every profile runs (a pytest ``-m`` expression).
+SELECTION = "sampling or exactness"
 
 #: name -> environment. The suite's own run (seed 0, 1 thread, this CPU's instructions) is the default;
 #: each profile here changes the seed and the kernels or the thread count.
@@ -64,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             "pytest",
             "-q",
             "-m",
-            "sampling",
+            SELECTION,
             "-p",
             "no:cacheprovider",
             *args.pytest_args,
