@@ -359,6 +359,20 @@ def test_coupling_mass_by_hand() -> None:
     assert zero["mass"] == 0.0 and math.isnan(zero["same_token"])
 
 
+def test_coupling_mass_low_confidence_is_strict() -> None:
+    # the kernel and coefficients of test_coupling_mass_by_hand, token 1 now exactly at low_conf = 0.5: still
+    # not low confidence (strict <, as in mask_sets), so both-low stays (0,2) (0,3) (2,0) (2,3) (3,0) (3,2)
+    kernel = torch.tensor(
+        [[1.0, 2.0, -1.0, 0.5], [2.0, 1.0, 0.5, 1.0], [-1.0, 0.5, 1.0, -2.0], [0.5, 1.0, -2.0, 1.0]],
+        dtype=F64,
+    )
+    coef = torch.tensor([1.0, -2.0, 3.0, 0.5], dtype=F64)
+    probs = torch.tensor([0.2, 0.5, 0.3, 0.1], dtype=F64)
+    out = coupling_mass(kernel, coef, torch.tensor([7, 7, 4, 7]), probs, low_conf=0.5)
+    assert out["both_low_confidence"] == pytest.approx(11.75 / 22.75)
+    assert out["same_token_low_confidence"] == pytest.approx(0.75 / 22.75)
+
+
 # --------------------------------------------------------------------------------------------
 # eq. (11)-(13): the group update
 
@@ -523,6 +537,9 @@ def test_value_gap_by_hand_and_entropy_top_k() -> None:
     # no suppressed token among the top third {0, 2}: the gap is undefined, not 0
     t = value_gap(values, delta, entropy, top_frac=1 / 3)
     assert t.n_suppressed == 0 and math.isnan(t.gap) and t.boosted == pytest.approx(1.0)
+    # top_frac · N = 0.4 · 6 = 2.4 rounds up: the top 3 {0, 2, 3}, as for top_frac = 0.5
+    u = value_gap(values, delta, entropy, top_frac=0.4)
+    assert (u.n_boosted, u.n_suppressed) == (1, 1) and u.gap == pytest.approx(1.2)
 
 
 @pytest.mark.parametrize(

@@ -605,6 +605,20 @@ def test_decide():
         decide(d, "smaller")
 
 
+def test_tolerance_boundaries_are_ties():
+    # |d| == tol is a tie (<=), everywhere the tolerance is applied; all values exact in binary
+    assert apply_tolerance([0.25, -0.25, 0.5, -0.5], 0.25).tolist() == [0.0, 0.0, 0.5, -0.5]
+    r = paired_difference([1.25, 3.0, 0.0], [1.0, 1.0, 0.5], n_boot=200, tol=0.25)  # d = 0.25, 2, -0.5
+    assert (r.n_pos, r.n_neg, r.n_ties) == (1, 1, 1)
+    assert r.differences.tolist() == [0.0, 2.0, -0.5]
+    # d = (1, -0.5): both outside tol = 0.25, mean 0.25 == tol: a tie, not a predicted "higher"
+    assert decide([1.0, -0.5], "higher", tol=0.25)["side"] == "tie"
+    assert decide([1.0, -0.5], "higher", tol=0.125)["side"] == "predicted"
+    # tol = 0: a mean of exactly 0 is a tie whichever direction was predicted
+    for direction in ("lower", "higher"):
+        assert decide([0.5, -0.5, 0.0], direction)["side"] == "tie"
+
+
 def test_type_one_error_of_the_t_rule_and_of_the_small_n_bootstrap():
     """The rule ``paired_t p < 0.05`` under a true difference of 0 rejects about 5 % of the time at n = 5,
     10, 20 (exactly 5 % for normal differences; for Laplace differences it is conservative at n = 5,
