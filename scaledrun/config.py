@@ -738,10 +738,13 @@ def load_config(path: str | None, overrides: list[str] | None = None) -> RunConf
     file_values: dict[str, Any] = {}
     if path is not None:
         try:
-            with open(path, encoding="utf-8") as f:  # the file's name in YAML's message, not "<unicode string>"
+            with open(
+                path, encoding="utf-8"
+            ) as f:  # the file's name in YAML's message, not "<unicode string>"
                 loaded = yaml.safe_load(f) or {}
         except yaml.YAMLError as err:
-            raise ValueError(f"config file {path} is not valid YAML: {err}") from None
+            where = " ".join(str(err).split())  # YAML's message on one line: what, and the line and column
+            raise ValueError(f"config file {path} is not valid YAML: {where}") from None
         if not isinstance(loaded, dict):
             raise ValueError(f"config file {path}: expected a mapping of field: value")
         for old in set(loaded) & set(RENAMED):
