@@ -18,6 +18,9 @@ from pathlib import Path
 from typing import Any
 
 METRICS_FILE = "metrics.jsonl"
+#: a run's reward as its last line (``scaledrun.train``) and the app's Runs page report it: the mean over
+#: this many last steps (one step's reward/mean is the mean of a few groups: too noisy to rank runs by)
+SUMMARY_STEPS = 10
 
 
 def _clean(v: Any) -> Any:
@@ -50,6 +53,15 @@ def read_metrics(output_dir: str | Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
     return [{k: (math.nan if v is None else v) for k, v in row.items()} for row in _parse_lines(path)]
+
+
+def last_steps_mean(
+    rows: list[dict[str, Any]], key: str = "reward/mean", n: int = SUMMARY_STEPS
+) -> tuple[float, int]:
+    """(mean, count): the mean of ``key`` over the last ``n`` rows, leaving out rows where it is missing or
+    NaN, and how many values it averages; (NaN, 0) when none has one. The run's last line quotes it."""
+    tail = [float(r[key]) for r in rows[-n:] if key in r and math.isfinite(float(r[key]))]
+    return (math.fsum(tail) / len(tail), len(tail)) if tail else (math.nan, 0)
 
 
 class RunLogger:

@@ -211,7 +211,7 @@ from .rundir import (
     refuse_existing_run,
     watch_parent,
 )
-from .runlog import RunLogger
+from .runlog import RunLogger, last_steps_mean
 from .tasks import (
     TASKS,
     Task,
@@ -1221,7 +1221,7 @@ def run_summary(out_dir: Path, rows: list[dict[str, float]], start: int, seconds
     """The one line a run ends with: folder, steps, final reward, last eval, steps without an update, time."""
     if not rows:
         return f"run {out_dir}: nothing to do (already at its last step), {seconds:.0f} s"
-    tail = [r["reward/mean"] for r in rows[-10:]]
+    reward, tail = last_steps_mean(rows)
     evals = [r for r in rows if "eval/greedy_accuracy" in r]
     last_eval = f"last eval greedy accuracy {evals[-1]['eval/greedy_accuracy']:.3f}" if evals else "no eval"
     cut = sum(r.get("truncation/no_update", 0.0) == 1.0 for r in rows)
@@ -1230,7 +1230,7 @@ def run_summary(out_dir: Path, rows: list[dict[str, float]], start: int, seconds
     )
     steps = f"{len(rows)} new step{'s' if len(rows) != 1 else ''} up to step {len(rows) + start}"
     return (
-        f"run {out_dir}: {steps}, reward {sum(tail) / len(tail):.3f} (mean of the last {len(tail)} steps), "
+        f"run {out_dir}: {steps}, reward {reward:.3f} (mean of the last {tail} steps), "
         f"{last_eval}{no_update}, {seconds:.0f} s"
     )
 

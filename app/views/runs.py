@@ -3,8 +3,11 @@
 Pick a folder that holds run folders (each written by ``python -m scaledrun.train``: a ``metrics.jsonl``
 and a ``config.yaml``), then one or more runs. The curves are ``app.figures.curve_figure`` with
 ``{run label: [rows]}`` (one run per label, so no seed band), on the same row keys as the toy's training
-lab where they exist (``scaledrun.train.STEP_KEYS``); the table compares the runs side by side with
-``cancellation.diagnostics.steps_to_threshold`` and ``jitter2`` (DFPO Table 2, eq. 20). Steps to threshold
+lab where they exist (``scaledrun.train.STEP_KEYS``). The headline is each run's reward as its last line
+reports it, the mean of its last 10 steps (``scaledrun.runlog.last_steps_mean``; one step's reward ranked
+two runs the wrong way round); the table compares the runs side by side with
+``cancellation.diagnostics.steps_to_threshold`` and ``jitter2`` (DFPO Table 2, eq. 20), in columns short
+enough to fit a 1,500 px window (the run's label names its objective and transform). Steps to threshold
 reads the reward's trailing mean over full windows only (a partial window at the start of a run is one or
 a few noisy steps, not a level the run has reached); the threshold defaults to one relative to the picked
 runs' rewards (``auto_threshold``), since a fixed one can lie below where every run starts. The cancellation
@@ -35,6 +38,7 @@ import yaml
 from app.common import page_header
 from app.figures import CURVE_TITLES, curve_figure
 from cancellation.diagnostics import jitter2, steps_to_threshold, trailing_mean
+from scaledrun.runlog import SUMMARY_STEPS, last_steps_mean
 
 #: environment variable naming the default runs folder
 RUNS_DIR_ENV = "CANCELLATION_RUNS_DIR"
@@ -220,27 +224,38 @@ def auto_threshold(curves: list[list[float]]) -> float | None:
     return start + 0.5 * (best - start)
 
 
-def summary_row(
-    label: str, rows: list[dict[str, float]], config: dict[str, Any], threshold: float | None, window: int
-):
-    """One table row: config, final values, steps to threshold (the reward's full-window trailing mean;
-    NaN when never reached, when there is no threshold or the run is shorter than the window), Jitter₂ (the
-    raw reward)."""
+def summary_row(label: str, rows: list[dict[str, float]], threshold: float | None, window: int):
+    """One table row, keyed by ``label`` (which names the objective and transform): steps, the reward's mean
+    over the last full window, the last held-out greedy accuracy, steps to threshold (the reward's
+    full-window trailing mean; NaN when never reached, when there is no threshold or the run is shorter
+    than the window), Jitter₂ (the raw reward). Short column names: the table fits a 1,500 px window."""
     _, reward = curve(rows, "reward/mean")
     steps, smooth = window_means(rows, "reward/mean", window)
     _, greedy = curve(rows, "eval/greedy_accuracy")
     reached = steps_to_threshold(smooth, threshold, steps) if smooth and threshold is not None else None
     return {
         "run": label,
-        "objective": config.get("objective"),
-        "transform": config.get("transform") or "—",
         "steps": int(rows[-1]["step"]),
-        "final reward/mean": reward[-1] if reward else math.nan,
-        f"mean reward, last {window}": smooth[-1] if smooth else math.nan,
-        "final greedy accuracy": greedy[-1] if greedy else math.nan,
+        f"reward, last {window}": smooth[-1] if smooth else math.nan,
+        "last eval accuracy": greedy[-1] if greedy else math.nan,
         "steps to threshold": math.nan if reached is None else reached,
         "Jitter₂ reward": jitter2(reward) if len(reward) >= 3 else math.nan,
     }
+
+
+def final_reward(label: str, rows: list[dict[str, float]]) -> tuple[str, str, str]:
+    """(label, value, help) of a run's headline ``st.metric``: its reward/mean averaged over the last
+    ``SUMMARY_STEPS`` steps (fewer in a shorter run, as the label says) as the trainer's last line reports
+    it (``scaledrun.runlog.last_steps_mean``), with the last step's own value in the help. The label starts
+    with the run's name: four metrics side by side cut a long label's end."""
+    mean, n = last_steps_mean(rows)
+    _, reward = curve(rows, "reward/mean")
+    last = f"{reward[-1]:.4f}" if reward else "—"
+    return (
+        f"{label} · mean of the last {n} steps",
+        f"{mean:.4f}" if n else "—",
+        f"up to step {rows[-1]['step']:.0f}; the last step alone: {last}",
+    )
 
 
 #: the repository root: the commands below name the tiny model's folder and the config relative to it
@@ -359,15 +374,16 @@ for name in picked:
 if not runs:
     st.stop()
 
-st.subheader("Final values")
+st.subheader(f"Reward, mean of the last {SUMMARY_STEPS} steps")
 cols = st.columns(min(len(runs), 4))
 for i, (label, (rows, _)) in enumerate(runs.items()):
-    _, reward = curve(rows, "reward/mean")
-    cols[i % len(cols)].metric(
-        f"final reward/mean · {label}",
-        f"{reward[-1]:.4f}" if reward else "—",
-        help=f"step {rows[-1]['step']:.0f}",
-    )
+    name, value, note = final_reward(label, rows)
+    cols[i % len(cols)].metric(name, value, help=note)
+st.caption(
+    f"As each run's last line reports it (`python -m scaledrun.train`: reward R, mean of the last "
+    f"{SUMMARY_STEPS} steps). One step's reward/mean averages a few groups only: compare runs by this mean, "
+    "and by the curves below, not by their last step."
+)
 
 st.subheader("Side by side")
 if threshold_in is None:
@@ -381,12 +397,21 @@ if threshold_in is None:
 else:
     threshold = float(threshold_in)
     how = f"{threshold:g}, as entered"
-table = pd.DataFrame([summary_row(lbl, r, c, threshold, int(window)) for lbl, (r, c) in runs.items()])
-st.dataframe(table.set_index("run"), key="summary")
+table = pd.DataFrame([summary_row(lbl, r, threshold, int(window)) for lbl, (r, _) in runs.items()])
+st.dataframe(
+    table.set_index("run"),
+    key="summary",
+    column_config={
+        f"reward, last {window}": st.column_config.NumberColumn(format="%.4f"),
+        "last eval accuracy": st.column_config.NumberColumn(format="%.3f"),
+        "Jitter₂ reward": st.column_config.NumberColumn(format="%.4f"),
+    },
+)
 st.caption(
     f"Steps to threshold: the first step whose reward/mean, as a trailing mean over a full window of {window} "
     f"steps (that step and the {window - 1} before it), reaches the threshold: {how}. Empty: never, or the run "
-    f"is shorter than the window (so is 'mean reward, last {window}'). Jitter₂ (eq. 20) of the raw per-step "
+    f"is shorter than the window (so is 'reward, last {window}', the reward's mean over the last full window). "
+    "Last eval accuracy: the held-out greedy accuracy of the run's last eval. Jitter₂ (eq. 20) of the raw per-step "
     "reward/mean."
 )
 

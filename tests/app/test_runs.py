@@ -1,5 +1,7 @@
-"""Runs page: real ``scaledrun.train`` runs on the tiny model as fixtures; the displayed final reward and
-table values equal the ones in each run's metrics.jsonl; a missing folder, an empty folder and a
+"""Runs page: real ``scaledrun.train`` runs on the tiny model as fixtures; the headline reward (the mean of
+the last 10 steps, as the run's last line) and the table values equal the ones computed by hand from each
+run's metrics.jsonl, and the headline ranks two runs as their last lines do where their last steps rank
+them the other way; a missing folder, an empty folder and a
 malformed metrics file show messages, not tracebacks (the first two on the page itself, with the commands
 that make a first run there, checked against the trainer's own parsers). Steps to threshold reads full
 windows only and its default threshold is relative to the runs (checked on synthetic metrics whose answer
@@ -28,7 +30,7 @@ from scaledrun.rewards import REWARDS, register_reward
 from scaledrun.runlog import read_metrics
 from scaledrun.tiny import build_tiny
 from scaledrun.tiny import main as tiny_main
-from scaledrun.train import train
+from scaledrun.train import run_summary, train
 
 REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "app/views/runs.py"
@@ -91,15 +93,18 @@ def test_final_reward_and_table_match_metrics_file(runs_dir):
     for name, params in RUNS.items():
         # the values as the trainer wrote them, read back by plain json (not the page's reader)
         lines = [json.loads(x) for x in (runs_dir / name / "metrics.jsonl").read_text().splitlines()]
-        final = lines[-1]["reward/mean"]
+        rewards = [r["reward/mean"] for r in lines]
         label = f"{name} · {params['objective']}" + (
             f" {params['transform']}" if "transform" in params else ""
         )
-        assert _metric(at, f"final reward/mean · {label}") == f"{final:.4f}"
+        # the headline: the mean of the run's (3, fewer than 10) steps, as its last line reports it
+        assert _metric(at, f"{label} · mean of the last 3 steps") == f"{sum(rewards) / 3:.4f}"
         row = table.loc[label]
-        assert row["objective"] == params["objective"]
         assert row["steps"] == lines[-1]["step"] == 3
-        assert row["final reward/mean"] == pytest.approx(final)
+        assert list(row.index) == [
+            "steps", "reward, last 10", "last eval accuracy", "steps to threshold", "Jitter₂ reward"
+        ]  # fmt: skip
+        assert math.isnan(row["last eval accuracy"])  # num_eval=0: no eval
         # Jitter₂ (eq. 20) of the per-step reward, by hand
         m = [r["reward/mean"] for r in lines]
         by_hand = sum(abs(m[t + 2] - 2 * m[t + 1] + m[t]) for t in range(len(m) - 2)) / (len(m) - 2)
@@ -222,7 +227,7 @@ def test_missing_default_folder_says_so_on_the_page_with_the_commands(runs_dir, 
     at.run()
     assert not at.exception and not at.error and not at.warning
     assert at.sidebar.multiselect(key="runs").options == ["offpolicy-grpo"]
-    assert [m.label for m in at.metric] == ["final reward/mean · offpolicy-grpo · grpo"]
+    assert [m.label for m in at.metric] == ["offpolicy-grpo · grpo · mean of the last 3 steps"]
 
 
 def test_empty_folder_says_no_runs_were_found_with_the_commands(tmp_path):
@@ -262,15 +267,16 @@ def test_malformed_metrics_file(runs_dir, tmp_path):
 
 
 def test_nan_values_read_as_gaps(runs_dir, tmp_path):
-    """null (the trainer's NaN) is read as NaN and left out of the final value, not shown as a number."""
+    """null (the trainer's NaN) is read as NaN and left out of the headline's mean, not shown as a number."""
     run = tmp_path / "nan_run"
     shutil.copytree(runs_dir / "grpo_run", run)
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     lines[-1]["reward/mean"] = None
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     at = _page(tmp_path)
-    expected = lines[-2]["reward/mean"]
+    expected = (lines[0]["reward/mean"] + lines[1]["reward/mean"]) / 2
     (metric,) = at.metric
+    assert metric.label.endswith("mean of the last 2 steps")
     assert metric.value == f"{expected:.4f}"
     assert not math.isnan(float(metric.value))
 
@@ -291,6 +297,37 @@ FAST = [0.9, 0.1, 0.1, 0.1, 0.2, 0.4, 0.6, 0.8, 0.8, 0.8]
 FLAT = [0.2] * 10
 
 
+#: two 12-step runs whose last step and last-10 mean rank them opposite ways (the first hour's case: the
+#: last step read 0.4688 against 0.5938 where the runs' last lines said 0.562 against 0.547). By hand:
+#: STEADY's last 10 steps average (9·0.6 + 0.2)/10 = 0.56, LUCKY's (9·0.3 + 0.5)/10 = 0.32; their last steps
+#: are 0.2 < 0.5; their first two steps (outside the window) would reverse the order again if counted
+STEADY = [0.0, 0.0] + [0.6] * 9 + [0.2]
+LUCKY = [0.9, 0.9] + [0.3] * 9 + [0.5]
+
+
+def test_the_headline_is_the_last_10_steps_mean_the_run_s_last_line_reports(runs_dir, tmp_path):
+    """The headline ranks the runs as their last lines do (the last-10 mean), not by their last step."""
+    _synthetic_run(tmp_path / "steady", runs_dir / "grpo_run", STEADY)
+    _synthetic_run(tmp_path / "lucky", runs_dir / "grpo_run", LUCKY)
+    at = _page(tmp_path)
+    steady = _metric(at, "steady · grpo · mean of the last 10 steps")
+    lucky = _metric(at, "lucky · grpo · mean of the last 10 steps")
+    assert (steady, lucky) == ("0.5600", "0.3200")
+    assert float(steady) > float(lucky) and STEADY[-1] < LUCKY[-1]  # the last step ranks them the other way
+    # the last step's own value is in the metric's help
+    helps = {m.label: m.help for m in at.metric}
+    assert "the last step alone: 0.2000" in helps["steady · grpo · mean of the last 10 steps"]
+    # the same number as the trainer's last line for these rows
+    for name, rewards in (("steady", STEADY), ("lucky", LUCKY)):
+        rows = read_metrics(tmp_path / name)
+        line = run_summary(tmp_path / name, rows, 0, 1.0)
+        assert f"reward {sum(rewards[-10:]) / 10:.3f} (mean of the last 10 steps)" in line, line
+    # the table's full-window mean at the default window (10) is the same mean
+    table = at.dataframe[0].value
+    assert table.loc["steady · grpo", "reward, last 10"] == pytest.approx(0.56, abs=1e-12)
+    assert table.loc["lucky · grpo", "reward, last 10"] == pytest.approx(0.32, abs=1e-12)
+
+
 def test_steps_to_threshold_reads_full_windows_and_the_default_is_relative(runs_dir, tmp_path):
     """The first step alone (a partial window) no longer reaches the threshold: the old page said 1 here.
     Auto threshold by hand: halfway from the highest start (0.3) to the best level (0.75) = 0.525, first
@@ -302,8 +339,8 @@ def test_steps_to_threshold_reads_full_windows_and_the_default_is_relative(runs_
     table = at.dataframe[0].value
     assert table.loc["fast · grpo", "steps to threshold"] == 9
     assert math.isnan(table.loc["flat · grpo", "steps to threshold"])
-    assert table.loc["fast · grpo", "mean reward, last 4"] == pytest.approx(0.75)
-    assert table.loc["flat · grpo", "mean reward, last 4"] == pytest.approx(0.2)
+    assert table.loc["fast · grpo", "reward, last 4"] == pytest.approx(0.75)
+    assert table.loc["flat · grpo", "reward, last 4"] == pytest.approx(0.2)
     captions = " ".join(c.value for c in at.caption)
     assert "auto = 0.525" in captions
     # a fixed threshold the first step alone exceeds (the old default 0.35): reached at step 8 (0.5), not 1
@@ -324,7 +361,7 @@ def test_a_run_shorter_than_the_window_has_no_steps_to_threshold(runs_dir):
     at = _page(runs_dir)
     table = at.dataframe[0].value
     assert table["steps to threshold"].isna().all()
-    assert table["mean reward, last 10"].isna().all()
+    assert table["reward, last 10"].isna().all()
     assert "no run has a full window of 10 steps" in " ".join(c.value for c in at.caption)
 
 
@@ -333,8 +370,8 @@ def test_a_single_run_folder_is_picked(runs_dir):
     at = _page(runs_dir / "grpo_run")
     assert at.sidebar.multiselect(key="runs").options == ["grpo_run"]
     assert at.sidebar.multiselect(key="runs").value == ["grpo_run"]
-    final = read_metrics(runs_dir / "grpo_run")[-1]["reward/mean"]
-    assert _metric(at, "final reward/mean · grpo_run · grpo") == f"{final:.4f}"
+    rewards = [r["reward/mean"] for r in read_metrics(runs_dir / "grpo_run")]
+    assert _metric(at, "grpo_run · grpo · mean of the last 3 steps") == f"{sum(rewards) / 3:.4f}"
     assert list(at.dataframe[0].value.index) == ["grpo_run · grpo"]
     assert not at.info and not at.warning and not at.error
 
@@ -346,7 +383,7 @@ def test_switching_folders_picks_the_new_folders_runs(runs_dir, tmp_path):
     at.sidebar.text_input(key="runs_dir").set_value(str(runs_dir / "dfpo_run")).run()
     assert not at.exception
     assert at.sidebar.multiselect(key="runs").value == ["dfpo_run"]
-    assert [m.label for m in at.metric] == ["final reward/mean · dfpo_run · dfpo orth_proj"]
+    assert [m.label for m in at.metric] == ["dfpo_run · dfpo orth_proj · mean of the last 3 steps"]
     at.sidebar.text_input(key="runs_dir").set_value(str(runs_dir)).run()
     assert sorted(at.sidebar.multiselect(key="runs").value) == sorted(RUNS)
     # the same folder, a run added: the user's picks stay
@@ -371,5 +408,5 @@ def test_run_folders_two_levels_down_are_listed_by_their_path(runs_dir, tmp_path
     shutil.copytree(runs_dir / "dfpo_run", tmp_path / "single" / "nested")  # inside a run: not scanned
     at = _page(tmp_path)
     assert at.sidebar.multiselect(key="runs").options == ["dfpo/seed1", "grpo/seed0", "single"]
-    final = read_metrics(runs_dir / "dfpo_run")[-1]["reward/mean"]
-    assert _metric(at, "final reward/mean · dfpo/seed1 · dfpo orth_proj") == f"{final:.4f}"
+    rewards = [r["reward/mean"] for r in read_metrics(runs_dir / "dfpo_run")]
+    assert _metric(at, "dfpo/seed1 · dfpo orth_proj · mean of the last 3 steps") == f"{sum(rewards) / 3:.4f}"
