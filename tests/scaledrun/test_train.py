@@ -25,6 +25,7 @@ from scaledrun.runlog import read_metrics
 from scaledrun.tasks import format_prompt
 
 from ..conftest import SEED
+from ..exactness import FLOAT64_RTOL, as_float64, max_abs_err, rounding_tolerance
 from .conftest import LENGTH_REWARD
 
 
@@ -130,11 +131,20 @@ def replay_dir(root, cfg, lengths, step=1, rank=None, first=0):
     return root
 
 
+def _advantage_sum_tol(batch, rows):
+    """The rounding bound of Σ_i Â_i over ``rows`` (float32): each Â_i = (r_i − mean)/std carries the mean's
+    rounding (a sum of G terms), and the sum adds G more (``tests/exactness.py``)."""
+    g = len(rows)
+    gross = sum(abs(float(batch.advantages[i])) for i in rows)
+    return rounding_tolerance(gross, g * (g + 1), batch.advantages.dtype)
+
+
 def _own_logp(model, batch, temperature=1.0):
     """(log π, entropy) at ``temperature`` of the completion tokens, from the logits, one position at a time."""
     am = batch.attention_mask
     pos = (am.cumsum(-1) - 1).clamp(min=0)
-    logits = model(input_ids=batch.input_ids, attention_mask=am, position_ids=pos).logits.float()
+    logits = model(input_ids=batch.input_ids, attention_mask=am, position_ids=pos).logits
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # float64 stays float64
     t = batch.completion_mask.shape[1]
     p = batch.prompt_len
     rows, ents = [], []
@@ -154,18 +164,22 @@ def _check_logprobs_at(model, batch, stats, temperature):
     with torch.no_grad():
         at_t, ent_t = _own_logp(model, batch, temperature)
         at_1, _ = _own_logp(model, batch, 1.0)
-    torch.testing.assert_close(batch.old_logp, at_t * mask, atol=1e-5, rtol=0)
+    assert batch.old_logp.dtype == torch.float64  # exactness in float64 (tests/exactness.py)
+    tol = FLOAT64_RTOL * float(at_t.abs().max())
+    torch.testing.assert_close(batch.old_logp, at_t * mask, atol=tol, rtol=0)
     assert float(((batch.old_logp - at_1) * mask).abs().max()) > 1e-2  # T = 1 would be visibly different
     # the logged entropy: the mean over completion tokens of the sampling policy's entropy
-    assert math.isclose(stats["entropy"], float((ent_t * mask).sum() / mask.sum()), rel_tol=1e-5)
+    assert math.isclose(stats["entropy"], float((ent_t * mask).sum() / mask.sum()), rel_tol=FLOAT64_RTOL)
 
 
+@pytest.mark.exactness
 def test_old_logprobs_and_entropy_are_those_of_the_sampling_temperature(tiny_model, tmp_path):
     """At T = 0.6, on a chosen batch with left-padded prompts and right-padded completions of unequal
-    lengths (and a truncated row), and on what ``generate_rollouts`` samples."""
+    lengths (and a truncated row), and on what ``generate_rollouts`` samples. The chunked scorer against
+    the full logits: model in float64 (``tests/exactness.py``)."""
     cfg = make_cfg(tiny_model, tmp_path)
     model, tokenizer = tr.load_model_and_tokenizer(cfg)
-    model.eval()
+    model.double().eval()
     batch, stats = _rollout(cfg, model, tokenizer, temperature=0.6)
     lengths = batch.completion_mask.sum(1)
     assert len(set(lengths.tolist())) > 1 and bool(batch.truncated.any())  # padding to get right
@@ -208,13 +222,18 @@ def test_first_on_policy_ratio_is_exactly_one_with_temperature_and_lora_dropout(
     assert row["ratio/min"] < 1.0 < row["ratio/max"]  # dropout active in the loss pass: the test can fail
 
 
+@pytest.mark.exactness
 def test_minibatch_coefficients_are_compute_loss(tiny_model, tmp_path):
+    """The trainer's coefficients against autograd of compute_loss and a hand-worked form (float64:
+    ``tests/exactness.py``)."""
     cfg = make_cfg(tiny_model, tmp_path, objective="grpo", aggregation="token-mean", temperature=0.7)
     model, tokenizer = tr.load_model_and_tokenizer(cfg)
+    model.double()
     batch, _ = _rollout(cfg, model, tokenizer, temperature=0.7)
+    batch = as_float64(batch)
     model.train()
     mask = batch.completion_mask
-    adv = torch.linspace(-1.0, 1.0, len(batch))
+    adv = torch.linspace(-1.0, 1.0, len(batch), dtype=torch.float64)
     idx = torch.arange(len(batch) // 2)  # the first group: a mini-batch
     sub = batch.select(idx)
     # global counts as if another process held the other group
@@ -229,12 +248,17 @@ def test_minibatch_coefficients_are_compute_loss(tiny_model, tmp_path):
         aggregation="token-mean", token_count=counts.tokens, seq_count=counts.sequences,
     )  # fmt: skip
     loss.backward()
-    torch.testing.assert_close(co.coef, -leaf.grad * sub.completion_mask, atol=1e-6, rtol=1e-5)
-    torch.testing.assert_close(co.loss, loss.detach(), atol=1e-6, rtol=1e-5)
+    assert co.coef.dtype == torch.float64
+    # coefficients of order 1/N: compared at FLOAT64_RTOL of the largest; the loss at that of its gross
+    tol = FLOAT64_RTOL * float(co.coef.abs().max())
+    torch.testing.assert_close(co.coef, -leaf.grad * sub.completion_mask, atol=tol, rtol=0)
+    torch.testing.assert_close(co.loss, loss.detach(), atol=FLOAT64_RTOL * float(co.coef.abs().sum()), rtol=0)
     # on-policy token-mean by hand: c_{i,t} = A_i / N_global, and loss = −Σ m·A / N_global
     by_hand = adv[idx][:, None] * sub.completion_mask / counts.tokens
-    torch.testing.assert_close(co.coef, by_hand, atol=1e-6, rtol=1e-5)
-    assert math.isclose(float(co.loss), -float(by_hand.sum()), rel_tol=1e-5, abs_tol=1e-7)
+    torch.testing.assert_close(co.coef, by_hand, atol=tol, rtol=0)
+    assert math.isclose(
+        float(co.loss), -float(by_hand.sum()), rel_tol=0, abs_tol=FLOAT64_RTOL * float(by_hand.abs().sum())
+    )
 
 
 class _Minibatches:
@@ -294,12 +318,14 @@ def _flat(grads):
     return torch.cat([grads[k].double().flatten() for k in sorted(grads)])
 
 
+@pytest.mark.exactness
 @pytest.mark.parametrize("objective", ["grpo", "gspo"])
 def test_lopti_stages_are_compute_loss_with_stage_advantages(tiny_model, tmp_path, objective):
     """Each Lopti stage's gradient is compute_loss's with ``lopti_stage_advantages`` (the toy's code).
 
     The full mask, normaliser and sequence ratio stay; only the advantages outside the stage's token
     set are zeroed. Swapping in the stage's mask (the trainer's old Lopti) gives another gradient.
+    Model and batch in float64 (``tests/exactness.py``).
     """
     from accelerate import Accelerator
 
@@ -309,12 +335,15 @@ def test_lopti_stages_are_compute_loss_with_stage_advantages(tiny_model, tmp_pat
     cfg = make_cfg(tiny_model, tmp_path, objective=objective, lopti_eta=0.5, grad_clip=None, epsilon_low=0.2,
                    epsilon_high=0.2)  # fmt: skip
     model, tokenizer = tr.load_model_and_tokenizer(cfg)
+    model.double()
     batch, _ = _rollout(cfg, model, tokenizer)
+    batch = as_float64(batch)
     model.train()
-    adv = torch.tensor([1.0, -0.5, 0.3, -0.8, -1.2, 0.4, 0.2, 0.6])
+    adv = torch.tensor([1.0, -0.5, 0.3, -0.8, -1.2, 0.4, 0.2, 0.6], dtype=torch.float64)
     # the old policy a little off the current one, so gspo's sequence ratio depends on the token set
     batch.old_logp = (
-        batch.old_logp + 0.05 * torch.linspace(-1, 1, len(batch))[:, None] * batch.completion_mask
+        batch.old_logp
+        + 0.05 * torch.linspace(-1, 1, len(batch), dtype=torch.float64)[:, None] * batch.completion_mask
     )
     # η halfway between the two middle distinct π_old: both stages hold tokens whatever this model's π are
     pis = batch.old_logp.exp()[batch.completion_mask.bool()].unique()
@@ -331,7 +360,7 @@ def test_lopti_stages_are_compute_loss_with_stage_advantages(tiny_model, tmp_pat
         for swapped in (False, True):
             model.zero_grad(set_to_none=True)
             logp, _ = _own_logp(model, batch)
-            m = stage_mask.float() if swapped else mask
+            m = stage_mask.to(mask.dtype) if swapped else mask
             loss, _ = compute_loss(
                 objective, logp, batch.old_logp, stage_adv, m, batch.group, epsilon_low=0.2, epsilon_high=0.2
             )
@@ -339,7 +368,7 @@ def test_lopti_stages_are_compute_loss_with_stage_advantages(tiny_model, tmp_pat
             expected[swapped] = {n: p.grad.detach().clone() for n, p in recorder.named if p.grad is not None}
         got, want, other = _flat(recorder.steps[k]), _flat(expected[False]), _flat(expected[True])
         assert float(want.norm()) > 0
-        assert float((got - want).norm() / want.norm()) < 1e-5, f"stage {k}"
+        assert max_abs_err(got, want) <= FLOAT64_RTOL * float(want.abs().max()), f"stage {k}"
         assert float((other - want).norm() / want.norm()) > 1e-2  # the mask swap is a different update
 
 
@@ -396,14 +425,14 @@ def test_truncation_policies(tiny_model, tmp_path, truncation):
         for rows in groups.values():
             kept = [i for i in rows if not bool(cut[i])]
             dropped += len(kept) < 2
-            assert abs(sum(float(b.advantages[i]) for i in kept)) < 1e-5  # Σ Â = 0 over the rows in the loss
+            assert abs(sum(float(b.advantages[i]) for i in kept)) <= _advantage_sum_tol(b, kept)  # Σ Â = 0
         assert row["truncation/dropped_groups"] == dropped == 1
     else:
         torch.testing.assert_close(b.completion_mask, eos_mask)
         want = torch.where(cut, torch.full_like(raw, -1.0), raw) if truncation == "failure_reward" else raw
         torch.testing.assert_close(b.rewards, want)
         for rows in groups.values():
-            assert abs(sum(float(b.advantages[i]) for i in rows)) < 1e-5
+            assert abs(sum(float(b.advantages[i]) for i in rows)) <= _advantage_sum_tol(b, rows)
         assert row["truncation/dropped_groups"] == 0
 
 
