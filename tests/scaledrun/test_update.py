@@ -6,7 +6,7 @@
   float64 and compare at 1e-9 of the sums' magnitude (``tests/exactness.py``: in float32 the passes sum
   in another order on every CPU). A loss computed micro-batch
   by micro-batch (the trainer's old accumulation) is checked to give a different gradient there.
-- ``sequence_net_residual`` ≤ 1e-6 under DFPO's paper estimator with every transform, through the real
+- ``sequence_net_residual`` at float32 rounding (``RESIDUAL_TOL``) under DFPO's paper estimator with every transform, through the real
   loop: default clip range with 2 inner epochs (clipped sequences), 2 mini-batches, micro-batches and
   truncated completions; it is clearly > 0 under DFPO's ``ppo_clip`` variant and under GRPO token-mean
   with unequal lengths. The two-process run is in ``test_multiprocess.py``.
@@ -22,7 +22,7 @@ from cancellation import compute_loss
 from cancellation.transforms import TRANSFORMS
 from scaledrun.config import RunConfig
 
-from ..exactness import FLOAT64_RTOL, as_float64, close, max_abs_err
+from ..exactness import FLOAT64_RTOL, as_float64, close, max_abs_err, rounding_tolerance
 from .test_train import (
     TRUNCATED_LENGTHS,
     _flat,
@@ -163,6 +163,11 @@ LOOP = dict(
 )  # fmt: skip
 
 
+#: The loop trains in float32: a group's net Σ_i c_i sums its G = 4 rows' T = 4 token coefficients, each
+#: s̃_i·Â_i with Â from a mean over the G rows, so |net| / gross is 0 up to the rounding of G·T + G terms.
+RESIDUAL_TOL = rounding_tolerance(1.0, 4 * LOOP["max_new_tokens"] + 4)
+
+
 def _loop(tiny_model, root, **kw):
     cfg = make_cfg(tiny_model, root / "run", **{**LOOP, **kw})
     return tr.train(cfg, replay_dir=replay_dir(root / "replay", cfg, TRUNCATED_LENGTHS)).rows
@@ -175,7 +180,7 @@ def test_dfpo_sequence_net_residual_is_zero_in_the_loop(tiny_model, tmp_path, tr
     # at GSPO's ε (3e-4 / 4e-4) the second inner epoch's sequence ratios are outside the band
     assert rows[0]["truncated_frac"] == 0.375 and rows[0]["clip/frac"] > 0
     for r in rows:
-        assert r["sequence_net_residual"] <= 1e-6, (r["step"], r["sequence_net_residual"])
+        assert r["sequence_net_residual"] <= RESIDUAL_TOL, (r["step"], r["sequence_net_residual"])
 
 
 def test_sequence_net_residual_is_not_zero_without_the_paper_estimator(tiny_model, tmp_path):
