@@ -259,6 +259,76 @@ def _commit() -> str:
     return head + (" + uncommitted changes" if dirty else "")
 
 
+#: the objectives as the pages name them
+NAMES = {"grpo": "GRPO", "grpo_symclip": "GRPO-fix"}
+
+
+def _of(k: int, n: int) -> str:
+    """``none of the 4``, ``2 of 4``."""
+    return f"none of the {n}" if k == 0 else f"{k} of {n}"
+
+
+def _collapse_prose(data: dict[str, Any]) -> list[str]:
+    """What counts as a collapse, and the first hour's collapsed runs (the one most truncated described)."""
+    runs = data["runs"]
+    collapsed = [r for r in runs if r["collapsed"]]
+    text = (
+        f"A run counts as collapsed when its last held-out greedy accuracy is below {COLLAPSE_ACCURACY} or more "
+        f"than {COLLAPSE_TRUNCATED:.0%} of its last 10 steps' completions hit `max_new_tokens` (the drift to long, "
+        "cut-off completions that a collapse starts with). "
+    )
+    if not collapsed:
+        return [text + f"None of the first hour's {len(runs)} runs collapsed."]
+    by = ", ".join(
+        f"{sum(r['objective'] == o for r in collapsed)} {NAMES.get(o, o)}"
+        for o in OBJECTIVES
+        if any(r["objective"] == o for r in collapsed)
+    )
+    w = max(collapsed, key=lambda r: r["truncated_last10"])
+    text += (
+        f"{len(collapsed)} of the first hour's {len(runs)} runs collapsed ({by}). "
+        + ("The most truncated" if len(collapsed) > 1 else "It")
+        + f" ({NAMES.get(w['objective'], w['objective'])} on {w['isa']}, seed {w['seed']}) ended with completions of {w['length_last10']:.2f} tokens on average over its last 10 steps, "
+        f"{w['truncated_last10']:.2f} of them cut, entropy {w['entropy_last10']:.2f} (at step 1: "
+        f"{w['entropy_first']:.2f}) and last held-out greedy accuracy {w['eval_last']:.2f}."
+    )
+    return [text]
+
+
+def _truncation_prose(c: dict[str, Any]) -> list[str]:
+    """What the collapse study's table shows, counted from its runs."""
+    masked = [r for r in c["runs"] if r["truncation"] == "mask"]
+    failed = [r for r in c["runs"] if r["truncation"] == "failure_reward"]
+    if not masked or not failed:
+        return []
+    k = int(sum(r["collapsed"] for r in masked))
+    worst = min(masked, key=lambda r: r["reward_last10"])
+    cut = worst["no_update_steps"]
+    text = (
+        f"Under `mask`, GRPO collapsed in {_of(k, len(masked))} seeds"
+        + (
+            f"; the worst run ended at reward {worst['reward_last10']:.3f} and held-out accuracy "
+            f"{worst['eval_last']:.2f}"
+            + (
+                f", with {cut} steps in which every completion was truncated (the run's last line counts them; "
+                'the progress bar says "all completions truncated, no update")'
+                if cut
+                else ""
+            )
+            if k
+            else ""
+        )
+        + ". Under `mask` (DAPO's overlong filtering) a truncated completion leaves the loss and its group's "
+        "advantages, so nothing in the loss pushes back once completions start to run long; under "
+        "`failure_reward` (a cut completion gets reward 0 and stays in the loss) "
+        f"{_of(int(sum(r['collapsed'] for r in failed)), len(failed))} collapsed, and their last held-out "
+        f"accuracy was {min(r['eval_last'] for r in failed):.2f}–{max(r['eval_last'] for r in failed):.2f} "
+        f"(the model's before training: {c['model']['accuracy']:.2f}). {len(masked)} seeds each: this points at "
+        "the mechanism, it does not prove it."
+    )
+    return [text]
+
+
 def markdown(data: dict[str, Any], command: str) -> str:
     """``docs/first-hour.md``: the runs and the ranges, generated (not typed)."""
     lines = [
@@ -321,11 +391,12 @@ def markdown(data: dict[str, Any], command: str) -> str:
         lines.append(
             f"| {r['isa']} | {r['objective']} | {r['seed']} | {vals} | {'yes' if r['collapsed'] else 'no'} |"
         )
+    from scaledrun.tiny import DEFAULT_STOP_ACCURACY
+
+    lines += ["", "## A collapse, and the truncation policy", "", *_collapse_prose(data)]
     if data.get("collapse") and data["collapse"]["runs"]:
         c = data["collapse"]
         lines += [
-            "",
-            "## A collapse, and the truncation policy",
             "",
             f"`python -m experiments.first_hour --collapse` also builds the old default model (`python -m "
             f"scaledrun.tiny {' '.join(COLLAPSE_TINY_ARGS)}`: {c['model']['steps']} fixed steps, held-out greedy "
@@ -333,7 +404,8 @@ def markdown(data: dict[str, Any], command: str) -> str:
             + "".join(f", {a:.2f} with {isa}" for isa, a in c["model_accuracy"].items() if isa != "native")
             + ") and trains GRPO on the native one with each "
             "`truncation` policy (`mask`, the default: a truncated completion leaves the loss and its group's "
-            "advantages; `failure_reward`: it gets reward 0 and stays in).",
+            "advantages; `failure_reward`: it gets reward 0 and stays in). These runs are not the first hour's: "
+            f"its model stops its warm start at greedy accuracy {DEFAULT_STOP_ACCURACY}.",
             "",
             "| truncation | seed | reward_last10 | eval_last | truncated_last10 | length_last10 | entropy_first "
             "| entropy_last10 | steps without an update | collapsed |",
@@ -344,14 +416,10 @@ def markdown(data: dict[str, Any], command: str) -> str:
                 f"{r['entropy_last10']:.3f} | {r['no_update_steps']} | {'yes' if r['collapsed'] else 'no'} |"
                 for r in c["runs"]
             ),
+            "",
+            *_truncation_prose(c),
         ]
-    lines += [
-        "",
-        f"A run counts as collapsed when its last held-out greedy accuracy is below {COLLAPSE_ACCURACY} or more "
-        f"than {COLLAPSE_TRUNCATED:.0%} of its last 10 steps' completions hit `max_new_tokens` (the drift to long, "
-        "cut-off completions that a collapse starts with).",
-        "",
-    ]
+    lines.append("")
     return "\n".join(lines)
 
 

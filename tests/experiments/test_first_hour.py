@@ -108,6 +108,21 @@ def test_ranges_and_the_page(tmp_path):
         ("failure_reward", 0.0, 0),
     ]
     assert "## A collapse, and the truncation policy" in page and "--collapse" in page
+    # the prose counts what the tables show: the avx2 runs' accuracy fell to 0.02 (collapsed, none cut);
+    # the most truncated of them is the first listed (all tie at 0), GRPO on avx2 with seed 0
+    flat = " ".join(page.split())
+    assert "4 of the first hour's 8 runs collapsed (2 GRPO, 2 GRPO-fix)." in flat
+    assert (
+        "It (" not in flat and "The most truncated (GRPO on avx2, seed 0) ended with completions of" in flat
+    )
+    assert "last held-out greedy accuracy 0.02." in flat
+    assert (
+        "Under `mask`, GRPO collapsed in 1 of 1 seeds; the worst run ended at reward 0.000 and held-out "
+        "accuracy 0.00, with 3 steps in which every completion was truncated" in flat
+    )
+    assert (
+        "none of the 1 collapsed, and their last held-out accuracy was 0.60–0.60 (the model's before" in flat
+    )
 
 
 def test_errors_name_what_to_fix(tmp_path, capsys):
