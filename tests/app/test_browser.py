@@ -6,7 +6,7 @@ input by keyboard (focus a slider, ArrowRight; the transforms page has no slider
 ArrowUp) and wait until a displayed number (``st.metric`` values) or a figure's data changes. About has
 no input. The Runs page reads a real tiny run made in the test set-up (``runs_folder``: 12 steps of the
 untrained tiny model), passed to the server as ``$CANCELLATION_RUNS_DIR``; its moving-mean window slider
-changes the curves. A screenshot of each page goes to ``artifacts/screenshots/<page>.png``.
+changes the curves, and its side-by-side table must fit the 1,400 px window (no column behind a scrollbar). A screenshot of each page goes to ``artifacts/screenshots/<page>.png``.
 
 The browser is the system's Chromium (``apt-get install chromium``; ``make setup`` installs it when it
 can), never a playwright browser download. The test skips, with the reason, only when no Chromium is
@@ -74,6 +74,9 @@ RERUN_MS = 120_000
 IDLE_JS = """() => document.querySelector('[data-testid="stApp"]')?.getAttribute('data-test-script-state') === 'notRunning'"""
 # no element is still a loading placeholder (Streamlit draws tables, charts, ... lazily: a skeleton first)
 LOADED_JS = """() => !document.querySelector('[data-testid="stMain"] [data-testid="stSkeleton"]')"""
+# each st.dataframe's grid: its content's width and the width it shows (glide-data-grid's scroller)
+TABLE_WIDTHS_JS = """() => [...document.querySelectorAll('[data-testid="stDataFrame"] .dvn-scroller')].map(
+  e => ({scroll: e.scrollWidth, client: e.clientWidth}))"""
 # every displayed st.metric value and every plotly figure's data, as one string
 SNAPSHOT_JS = """() => {
   const metrics = [...document.querySelectorAll('[data-testid="stMetricValue"]')].map(e => e.innerText);
@@ -122,7 +125,8 @@ def browser() -> Iterator[object]:
 
 @pytest.fixture(scope="module")
 def runs_folder(tmp_path_factory) -> Path:
-    """A folder with one real run for the Runs page: the tiny model (no warm start), 12 steps of grpo.
+    """A folder with one real run for the Runs page: the tiny model (no warm start), 12 steps of grpo_symclip
+    in the folder the README's first hour names (the longest run label it makes: the table must fit).
 
     When ``$CANCELLATION_RUNS_DIR`` is set, that folder is used instead (e.g. to screenshot a real run).
     """
@@ -136,7 +140,8 @@ def runs_folder(tmp_path_factory) -> Path:
     model = build_tiny(root / "model", "arithmetic", seed=0, warm_start_steps=0)
     cfg = RunConfig(
         model=str(model), group_size=4, prompts_per_step=2, max_new_tokens=6, truncation="keep",
-        steps=12, eval_every=0, save_every=0, num_train=32, num_eval=0, output_dir=str(root / "runs" / "tiny"),
+        steps=12, eval_every=0, save_every=0, num_train=32, num_eval=0, objective="grpo_symclip",
+        output_dir=str(root / "runs" / "offpolicy-grpo_symclip"),
     )  # fmt: skip
     train(cfg)
     return root / "runs"
@@ -252,3 +257,6 @@ def test_page_in_browser(server, page, name, url_path, drawn, widget):
     tab.wait_for_function(LOADED_JS, timeout=RERUN_MS)
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     tab.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+    if name == "runs":  # the side-by-side table fits: no column (Jitter₂ was) cut off behind a scrollbar
+        widths = tab.evaluate(TABLE_WIDTHS_JS)
+        assert widths and all(w["scroll"] <= w["client"] + 1 for w in widths), widths
