@@ -6,7 +6,8 @@ input by keyboard (focus a slider, ArrowRight; the transforms page has no slider
 ArrowUp) and wait until a displayed number (``st.metric`` values) or a figure's data changes. About has
 no input. The Runs page reads a real tiny run made in the test set-up (``runs_folder``: 12 steps of the
 untrained tiny model), passed to the server as ``$CANCELLATION_RUNS_DIR``; its moving-mean window slider
-changes the curves, and its side-by-side table must fit the 1,400 px window (no column behind a scrollbar). A screenshot of each page goes to ``artifacts/screenshots/<page>.png``.
+changes the curves, and its side-by-side table must fit the 1,400 px window (no column behind a
+scrollbar). A screenshot of each page goes to ``artifacts/screenshots/<page>.png``.
 
 The browser is the system's Chromium (``apt-get install chromium``; ``make setup`` installs it when it
 can), never a playwright browser download. The test skips, with the reason, only when no Chromium is
