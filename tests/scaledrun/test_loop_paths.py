@@ -41,6 +41,7 @@ MICRO = 3
 SHIFT = 0.1
 
 
+@pytest.mark.exactness
 def test_a_replayed_batch_is_scored_again(tiny_model, tmp_path):
     """A replayed batch whose old log-probs are the current weights' minus 0.1 (as if scored by other
     weights): the update scores it again, so every ratio is e^0.1, and each row runs twice."""

@@ -26,6 +26,7 @@ from scaledrun.config import RunConfig
 from scaledrun.scoring import _compute_dtype, chunked_token_logprob, completion_scores
 from scaledrun.tasks import format_prompt
 
+from ..exactness import FLOAT64_RTOL
 from .test_scoring import TAU, T, batch, lora, plain_scores, tiny_qwen3
 from .test_train import make_cfg
 
@@ -47,6 +48,7 @@ class _Seen(torch.autograd.Function):
         return g
 
 
+@pytest.mark.exactness
 def test_completion_scores_returns_the_models_output_so_output_hooks_see_the_backward():
     """A forward hook on the outermost model replaces ``logits`` by a new tensor (as ZeRO-3's and DDP's
     output hooks do): the scores returned are that tensor, the backward runs through the hook's function
@@ -77,7 +79,7 @@ def test_completion_scores_returns_the_models_output_so_output_hooks_see_the_bac
     for n, p in model.named_parameters():
         if p.requires_grad:
             scale = float(p.grad.abs().max())
-            assert scale > 0 and float((got[n] - p.grad).abs().max()) <= 1e-9 * scale, n
+            assert scale > 0 and float((got[n] - p.grad).abs().max()) <= FLOAT64_RTOL * scale, n
 
 
 # ---- the chunk's matmul under autocast
@@ -93,6 +95,7 @@ def _exact_bf16_operands(n: int, d: int, vocab: int):
     return h, w
 
 
+@pytest.mark.exactness
 def test_the_chunk_matmul_runs_in_the_autocast_dtype():
     """Under bfloat16 autocast the scorer's logits are the head's bfloat16 ones (float32 operands): its
     log-probs are log_softmax(bf16(L) / τ) to float32 rounding, and differ from the float32 logits'."""
