@@ -36,7 +36,7 @@ from cancellation.transforms import TRANSFORMS
 from .rewards import HOW_TO_REGISTER, check_weights, load_reward_file, parse_reward_names, reward_names
 from .tasks import RESERVED_TEMPLATE_KWARGS, source_problems
 
-DTYPES = ("float32", "bfloat16")
+DTYPES = ("float32", "bfloat16", "float64")
 #: Valid ``truncation`` values (see the field's docstring).
 TRUNCATIONS = ("mask", "failure_reward", "keep")
 #: ``reward``'s default: ``reward_file`` replaces it (any other value must name the file's function).
@@ -67,7 +67,9 @@ class RunConfig:
     """Local folder or hub name given to ``from_pretrained``. Default: the folder that
     ``python -m scaledrun.tiny --out artifacts/tiny-qwen3`` writes."""
     dtype: str = "float32"
-    """Parameter dtype, ``float32`` or ``bfloat16``. float32 on CPU; the paper-scale presets use bfloat16."""
+    """Parameter dtype, ``float32``, ``bfloat16`` or ``float64``. float32 on CPU; the paper-scale presets use
+    bfloat16; float64 is for exactness checks on CPU (two code paths that must compute the same numbers,
+    compared at 1e-9 of their magnitude whatever the CPU's summation order: ``tests/exactness.py``)."""
     lora_rank: int = 8
     """LoRA rank r (PEFT ``LoraConfig.r``). 8: a common small-model default (PEFT's own default)."""
     lora_alpha: float = 16.0

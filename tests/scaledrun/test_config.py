@@ -154,7 +154,7 @@ def test_save_config_round_trips(tmp_path):
         (["--objective", "dfpo", "--stop_grad", "false", "--estimator", "paper"], "estimator", []),
         (["--objective", "gspo", "--estimator", "paper", "--lopti_eta", "0.4"], "estimator", []),
         (["--truncation", "drop"], "truncation", ["mask", "failure_reward", "keep"]),
-        (["--dtype", "float8"], "dtype", ["float32", "bfloat16"]),
+        (["--dtype", "float8"], "dtype", ["float32", "bfloat16", "float64"]),
         (["--preset", "qwen9"], "preset", list(PRESETS)),
         (["--reward", "exact_match,bleu"], "reward", reward_names()),
         (["--reward", "exact_match,math_verify", "--reward_weights", "1.0"], "reward_weights", []),
