@@ -20,6 +20,8 @@ from scaledrun.config import RunConfig
 from scaledrun.rollout import first_eos_mask, score_completions
 from scaledrun.tasks import format_prompt
 
+from ..exactness import close
+
 # ---- run folders
 
 
@@ -113,13 +115,18 @@ def test_reference_logprobs_are_at_the_sampling_temperature(chosen):
     assert torch.equal(batch.ref_logp, batch.old_logp)
 
 
+@pytest.mark.exactness
 def test_logged_entropy_averages_over_completion_tokens_only(chosen, tiny_model):
+    """The scorer's entropy (chunked, padded) = the full logits' mean over completion tokens, both in
+    float64 (``tests/exactness.py``)."""
     model, tok, enc, comps = chosen
+    model.double()
     batch, stats = score_completions(
         model, tok, enc["input_ids"], enc["attention_mask"], comps, prompts=["p"] * 3, answers=["a"] * 3,
         group_ids=[0, 0, 0], temperature=0.6,
     )  # fmt: skip
-    plain = AutoModelForCausalLM.from_pretrained(tiny_model).eval()  # LoRA B = 0: the same policy
+    # LoRA B = 0: the same policy
+    plain = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float64).eval()
     with torch.no_grad():
         out = plain(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                     position_ids=(batch.attention_mask.cumsum(-1) - 1).clamp(min=0))  # fmt: skip
@@ -127,7 +134,8 @@ def test_logged_entropy_averages_over_completion_tokens_only(chosen, tiny_model)
     ent = -(logsm.exp() * logsm).sum(-1)
     mask = batch.completion_mask.double()
     assert mask.sum(1).tolist() == [3.0, 2.0, 5.0]
-    assert math.isclose(stats["entropy"], float((ent * mask).sum() / mask.sum()), rel_tol=1e-5)
+    assert batch.old_logp.dtype == torch.float64
+    assert close(stats["entropy"], float((ent * mask).sum() / mask.sum()), gross=1.0)
     assert not math.isclose(stats["entropy"], float(ent.mean()), rel_tol=1e-3)  # padding would change it
 
 
