@@ -107,6 +107,7 @@ def test_buffer_selects_balanced_groups_and_applies_its_capacity() -> None:
         RewardBalancedBuffer(0.2, 3, 2, concat=lambda xs: xs[0], select=lambda p, r: p)
 
 
+@pytest.mark.exactness  # two code paths, float64 (tests/exactness.py)
 def test_cancellation_meter_matches_a_plain_loop_over_events_and_groups() -> None:
     """Two optimiser steps (a mini-batch of 3 rows, then all 6) on a hand-built batch of two groups.
 
@@ -179,6 +180,7 @@ def test_cancellation_meter_matches_a_plain_loop_over_events_and_groups() -> Non
     assert (t.group_shared_net, t.group_shared_gross) == pytest.approx(sums["whole"], rel=1e-12)
 
 
+@pytest.mark.exactness  # two code paths, float64 (tests/exactness.py)
 def test_segmented_meter_equals_one_meter_per_segment() -> None:
     """Four segments in one batch, their rows interleaved, two optimiser steps (5 rows, then all 11).
 

@@ -17,6 +17,9 @@ from toymodel import ROW_KEYS, simulate
 from toymodel.batched import BATCHED_KEYS, seed_rows, simulate_seeds
 from toymodel.scenarios import get_scenario
 
+#: Every test here compares the batched toy with one seed at a time (both float64): ``tests/exactness.py``.
+pytestmark = pytest.mark.exactness
+
 SEEDS = [0, 1, 2]
 STEPS = 30
 
