@@ -9,6 +9,10 @@ from cancellation.aggregation import AGGREGATIONS, aggregate
 
 from . import reference as ref
 
+#: Every comparison here is between two code paths in float64, at a tolerance well above its
+#: rounding (library vs plain loops, micro-batches vs the full batch): ``tests/exactness.py``.
+pytestmark = pytest.mark.exactness
+
 MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 
 

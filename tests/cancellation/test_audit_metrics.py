@@ -22,6 +22,10 @@ from cancellation.objectives import METRIC_KEYS, compute_loss, objective_names
 
 from . import reference as ref
 
+#: Every comparison here is between two code paths in float64, at a tolerance well above its
+#: rounding (library vs plain loops and autograd): ``tests/exactness.py``.
+pytestmark = pytest.mark.exactness
+
 F64 = torch.float64
 TRANSFORMS = ["min_replace", "orth_proj", "orth_proj_pos", "truncate_rebalance"]
 #: the ``estimator`` values of the sequence-level objectives (only the default when the keyword is absent)

@@ -34,6 +34,10 @@ from cancellation.coupling import (
     value_gap,
 )
 
+#: Every comparison here is between two code paths in float64, at a tolerance well above its
+#: rounding (library vs double loops, hand-written SGD steps and the exact kernel): ``tests/exactness.py``.
+pytestmark = pytest.mark.exactness
+
 F64 = torch.float64
 
 

@@ -24,6 +24,10 @@ from cancellation.diagnostics import (
     value_at_threshold,
 )
 
+#: Every comparison here is between two code paths in float64, at a tolerance well above its
+#: rounding (library vs plain loops, autograd and hand-worked sums): ``tests/exactness.py``.
+pytestmark = pytest.mark.exactness
+
 F64 = torch.float64
 
 

@@ -22,6 +22,10 @@ from cancellation.transforms import (
 
 from . import reference as ref
 
+#: Every comparison here is between two code paths in float64, at a tolerance well above its
+#: rounding (library vs plain loops and the KKT conditions): ``tests/exactness.py``.
+pytestmark = pytest.mark.exactness
+
 NAMES = ["min_replace", "orth_proj", "orth_proj_pos", "truncate_rebalance"]
 
 

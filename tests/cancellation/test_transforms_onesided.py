@@ -10,11 +10,16 @@ from __future__ import annotations
 import math
 import random
 
+import pytest
 import torch
 
 from cancellation.transforms import orth_proj_pos
 
 from . import reference as ref
+
+#: Every comparison here is between two code paths in float64, at a tolerance well above its
+#: rounding (library vs plain loops and the KKT conditions): ``tests/exactness.py``.
+pytestmark = pytest.mark.exactness
 
 F64 = torch.float64
 
