@@ -221,7 +221,8 @@ def completion_logprobs(
         output_hidden_states=True,
     )
     # the logit at position k predicts token k + 1: the completion tokens are predicted from P − 1 .. L − 2
-    logits = out.logits[:, -completion_len - 1 : -1, :].float()
+    logits = out.logits[:, -completion_len - 1 : -1, :]
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # float64 stays float64
     if temperature != 1.0:
         logits = logits / temperature  # the policy that sampled: softmax(logits / T)
     targets = input_ids[:, -completion_len:]
@@ -234,7 +235,8 @@ def completion_logprobs(
         if with_entropy:
             res["entropy"] = -(probs * logsm.detach()).sum(-1)
         res["probs"] = probs
-        h = out.hidden_states[-1][:, -completion_len - 1 : -1, :].float()
+        h = out.hidden_states[-1][:, -completion_len - 1 : -1, :]
+        h = h.to(torch.promote_types(h.dtype, torch.float32))
         res["hidden_norm"] = h.norm(dim=-1)
     return res
 

@@ -1308,6 +1308,7 @@ def _train(
 
             # ---- 2. rewards, truncation, group-relative advantages (DFPO eq. 43) over the rows in the loss
             failures = 0
+            fdtype = torch.promote_types(batch.old_logp.dtype, torch.float32)
             # each reward function's own values (rows × functions; NaN on a replayed batch: not scored here)
             terms = torch.full((len(batch), len(reward_fns)), math.nan, device=batch.group.device)
             if not replayed:
@@ -1317,12 +1318,13 @@ def _train(
                     weights=cfg.reward_weights, columns=reward_columns([by_id[g] for g in batch.group.tolist()]),
                 )  # fmt: skip
                 failures = scores.failures
-                batch.rewards = torch.tensor(scores.rewards, dtype=torch.float32, device=batch.group.device)
+                # float32, or float64 in a float64 run: the dtype of the old log-probs they are weighed with
+                batch.rewards = torch.tensor(scores.rewards, dtype=fdtype, device=batch.group.device)
                 terms = torch.tensor([scores.terms[n] for n in reward_fns], device=batch.group.device).T
             valid = apply_truncation(cfg, batch)
             batch.advantages = group_advantages(
                 batch.rewards, batch.group, scale=cfg.adv_scale, valid=valid
-            ).float()
+            ).to(fdtype)
             if dump is not None:
                 dump.mkdir(parents=True, exist_ok=True)
                 torch.save(batch.to("cpu"), dump / f"step_{step:06d}_rollouts.pt")
