@@ -23,6 +23,10 @@ import torch
 from toymodel.scenarios import get_scenario
 from toymodel.simulate import simulate
 
+#: Every comparison here is between two float64 computations of the same number, at a tolerance well above
+#: float64's rounding (the logged statistics vs a plain loop): ``tests/exactness.py``.
+pytestmark = pytest.mark.exactness
+
 
 def _context_key(scenario, tau: tuple[str, ...], t: int):
     return tau[:t] if scenario.context == "prefix" else t

@@ -16,6 +16,11 @@ from cancellation.coupling import coupling_kernel, output_overlap, per_token_sco
 from toymodel.neural import NeuralPolicy
 from toymodel.scenarios import SCENARIOS, get_scenario
 
+#: Every comparison here is between two float64 computations of the same number, at a tolerance well above
+#: float64's rounding (the neural policy vs plain loops, autograd and the exact kernels):
+#: ``tests/exactness.py``.
+pytestmark = pytest.mark.exactness
+
 
 def loop_logp(pol: NeuralPolicy, params: list[torch.Tensor]) -> list[list[float]]:
     """log π(y_t|c_t) of every step of every trajectory, by a plain loop (Python floats)."""

@@ -29,6 +29,10 @@ from toymodel.scenarios import (
     shared_prefix_policies,
 )
 
+#: Every comparison here is between two float64 computations of the same number, at a tolerance well above
+#: float64's rounding (the paper's toys vs their closed forms): ``tests/exactness.py``.
+pytestmark = pytest.mark.exactness
+
 #: clipping disabled: clip(s, 1 − 0.999999, 1 + 1e9) never binds for the ratios used here
 NO_CLIP = {"epsilon_low": 0.999999, "epsilon_high": 1e9}
 

@@ -21,6 +21,10 @@ from toymodel.scenarios import (
     get_scenario,
 )
 
+#: Every comparison here is between two float64 computations of the same number, at a tolerance well above
+#: float64's rounding (the tabular policy vs enumeration and autograd): ``tests/exactness.py``.
+pytestmark = pytest.mark.exactness
+
 
 def random_logits(policy: TabularPolicy, seed: int, scale: float = 1.5) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)

@@ -99,6 +99,7 @@ def _sim_logits(scenario_name: str, objective: str, **kw) -> torch.Tensor:
     return got[0]
 
 
+@pytest.mark.exactness  # the loop vs a replay in float64 (tests/exactness.py)
 @pytest.mark.parametrize(
     ("objective", "extra"),
     [
@@ -120,6 +121,7 @@ def test_one_step_matches_a_hand_replay(objective: str, extra: dict) -> None:
     assert float((got - TEMPLATE_TASK.initial_logits())[valid].abs().max()) > 1e-3  # it did move
 
 
+@pytest.mark.exactness  # the loop vs a replay in float64 (tests/exactness.py)
 @pytest.mark.parametrize(
     ("objective", "extra"),
     [
@@ -183,6 +185,7 @@ def test_shared_residual_row_measures_the_applied_updates(objective: str, extra:
             assert row[key] == pytest.approx(num / den, abs=1e-12)
 
 
+@pytest.mark.exactness  # the loop vs a replay in float64 (tests/exactness.py)
 def test_group_shared_residual_is_zero_exactly_where_the_math_says() -> None:
     """template_task (every completion has 7 tokens): whole-group events cancel under GRPO inside its clip
     range (eq. 9) and under DFPO Min-Replace/Orth-Proj (eq. 73, equal lengths); not under unclipped GSPO
@@ -304,6 +307,7 @@ def test_unused_slots_stay_minus_inf_under_both_optimizers() -> None:
         assert not torch.equal(final[policy.valid], EQUIVALENT_SOLUTIONS.initial_logits()[policy.valid])
 
 
+@pytest.mark.exactness  # the loop vs a replay in float64 (tests/exactness.py)
 def test_rows_report_the_post_update_policy() -> None:
     snaps: list[torch.Tensor] = []
     rows = simulate("template_task", "grpo", steps=5, callback=lambda s, z: snaps.append(z))

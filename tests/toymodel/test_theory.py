@@ -32,6 +32,10 @@ from toymodel.theory import (
     symclip_coefficient,
 )
 
+#: Every comparison here is between two float64 computations of the same number, at a tolerance well above
+#: float64's rounding (the closed forms vs the library's losses and coefficients): ``tests/exactness.py``.
+pytestmark = pytest.mark.exactness
+
 NO_CLIP = {"epsilon_low": 0.999999, "epsilon_high": 1e9}
 
 #: (ρ1, ρ2, λ1, λ2) on a grid that reaches every clip case; only reachable ones (0.3·(λ1+λ2) < 1)

@@ -23,6 +23,10 @@ from cancellation import TRANSFORMS, compute_loss, group_advantages
 from toymodel import simulate
 from toymodel.scenarios import get_scenario
 
+#: Every comparison here is between two float64 computations of the same number, at a tolerance well above
+#: float64's rounding (the real loop vs the same update by hand): ``tests/exactness.py``.
+pytestmark = pytest.mark.exactness
+
 #: the configuration under test: GSPO's default ε, several optimiser steps per batch, query batching
 LOOP = dict(steps=30, inner_epochs=4, num_groups=4, num_minibatches=2, batching="query", seed=0)
 

@@ -15,6 +15,11 @@ import torch
 
 from toymodel import NeuralPolicy, TabularPolicy, TokenValues, exact_token_values, get_scenario
 
+#: Every comparison here is between two float64 computations of the same number, at a tolerance well above
+#: float64's rounding (exact token values vs enumeration of the tree and hand-worked cases):
+#: ``tests/exactness.py``.
+pytestmark = pytest.mark.exactness
+
 # ------------------------------------------------------------------------------------------------
 # the plain-loop reference
 
