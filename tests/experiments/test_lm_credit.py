@@ -43,8 +43,11 @@ from scaledrun.rewards import REWARDS, register_reward
 from scaledrun.rollout import first_eos_mask, position_ids_from_mask
 
 from ..conftest import SEED
+from ..exactness import FLOAT64_RTOL
 
-pytestmark = pytest.mark.sampling
+# exactness: the library's steps against hand-written ones, the model in float64 (``load_policy``: its norms
+# too), each Δ log π compared at FLOAT64_RTOL of the log-probs it is a difference of
+pytestmark = [pytest.mark.sampling, pytest.mark.exactness]
 
 #: A reward that varies within almost every group, so the advantages have both signs.
 HASH_REWARD = "test_lm_credit_hash"
@@ -135,14 +138,16 @@ def test_displacement_is_a_plain_sgd_step(batch, update):
     want = after - before.detach()
     assert got.shape == (batch.n_tokens,)
     assert float(want.abs().max()) > 0
-    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+    tol = FLOAT64_RTOL * float(before.abs().max())  # Δ = after − before: rounding at the log-probs' scale
+    torch.testing.assert_close(got, want, rtol=0, atol=tol)
     # the batch's own model is untouched
-    torch.testing.assert_close(_hand_logp(batch.model, batch).detach(), batch.logp, rtol=0, atol=1e-12)
+    torch.testing.assert_close(_hand_logp(batch.model, batch).detach(), batch.logp, rtol=0, atol=tol)
 
 
 def test_repeated_deltas_first_step_is_the_displacement(batch):
     deltas = repeated_deltas(batch, lr=1e-3, n_steps=2, repeat="fixed")
-    torch.testing.assert_close(deltas[0], displacement(batch, batch.coef, 1e-3), rtol=1e-9, atol=1e-12)
+    tol = FLOAT64_RTOL * float(batch.logp.abs().max())  # Δ log π at the log-probs' scale
+    torch.testing.assert_close(deltas[0], displacement(batch, batch.coef, 1e-3), rtol=0, atol=tol)
     # fixed coefficients: two steps are the second step from the first step's parameters, so they differ
     assert float((deltas[1] - deltas[0]).abs().max()) > 0
 
