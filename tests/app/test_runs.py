@@ -32,6 +32,8 @@ from scaledrun.tiny import build_tiny
 from scaledrun.tiny import main as tiny_main
 from scaledrun.train import run_summary, train
 
+from ..exactness import rounding_tolerance
+
 REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "app/views/runs.py"
 #: the row keys the page draws as curves (those with a finite value in some picked run)
@@ -129,6 +131,7 @@ def _array(data) -> list[float]:
     return [float(x) for x in data]
 
 
+@pytest.mark.exactness  # DFPO's residual at the float32 rounding bound of its sums
 def test_residual_curves_are_the_logged_values_and_the_notes_are_shown(runs_dir):
     at = _page(runs_dir, window=1)  # window 1: the curves are the raw logged values
     charts = {json.loads(c.proto.spec)["layout"]["yaxis"]["title"]["text"]: c for c in at.get("plotly_chart")}
@@ -146,7 +149,10 @@ def test_residual_curves_are_the_logged_values_and_the_notes_are_shown(runs_dir)
             assert _array(trace["x"]) == [x for x, _ in logged]
             assert _array(trace["y"]) == pytest.approx([y for _, y in logged], abs=1e-15)
         if params["objective"] == "dfpo":  # DFPO's sequence-level cancellation, whatever the lengths
-            assert max(r["sequence_net_residual"] for r in lines) <= 1e-6
+            # |net| / gross of a group's G·T + G float32 terms (G = 4 rows of T = 6 tokens, Â a mean over G): 0
+            # up to their rounding (as tests/scaledrun/test_update.py's RESIDUAL_TOL), not a fixed 1e-6
+            tol = rounding_tolerance(1.0, 4 * 6 + 4)
+            assert max(r["sequence_net_residual"] for r in lines) <= tol
     captions = " ".join(c.value for c in at.caption)
     assert "α = 1/|y_i|" in captions and "sequence-net residual" in captions
     assert "first mini-batch of each step" in captions and "last mini-batch only" in captions
