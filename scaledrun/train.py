@@ -211,7 +211,7 @@ from .rundir import (
     refuse_existing_run,
     watch_parent,
 )
-from .runlog import RunLogger, last_steps_mean
+from .runlog import RunLogger, last_steps_mean, read_metrics
 from .tasks import (
     TASKS,
     Task,
@@ -1212,16 +1212,31 @@ def train(
         result = _train(cfg, accelerator, tokenizer, data, debug_dir, replay_dir)
     finally:
         lock.release()
-    summary = run_summary(out_dir, result.rows, cfg.steps - len(result.rows), time.perf_counter() - started)
+    # the reward quoted is the run's (metrics.jsonl: steps before a resume too), as the Runs page shows it
+    history = read_metrics(out_dir) if accelerator.is_main_process else result.rows
+    summary = run_summary(
+        out_dir, result.rows, cfg.steps - len(result.rows), time.perf_counter() - started, history=history
+    )
     accelerator.print(summary)
     return result
 
 
-def run_summary(out_dir: Path, rows: list[dict[str, float]], start: int, seconds: float) -> str:
-    """The one line a run ends with: folder, steps, final reward, last eval, steps without an update, time."""
+def run_summary(
+    out_dir: Path,
+    rows: list[dict[str, float]],
+    start: int,
+    seconds: float,
+    history: list[dict[str, Any]] | None = None,
+) -> str:
+    """The one line a run ends with: folder, steps, final reward, last eval, steps without an update, time.
+
+    ``rows`` are this call's new steps; ``history`` all of the run's rows (``metrics.jsonl``, steps before
+    a resume included; default ``rows``): the reward is the mean of its last ``SUMMARY_STEPS`` steps, the
+    number the Runs page shows, whether or not the run was resumed in between.
+    """
     if not rows:
         return f"run {out_dir}: nothing to do (already at its last step), {seconds:.0f} s"
-    reward, tail = last_steps_mean(rows)
+    reward, tail = last_steps_mean(history if history else rows)
     evals = [r for r in rows if "eval/greedy_accuracy" in r]
     last_eval = f"last eval greedy accuracy {evals[-1]['eval/greedy_accuracy']:.3f}" if evals else "no eval"
     cut = sum(r.get("truncation/no_update", 0.0) == 1.0 for r in rows)
@@ -1230,7 +1245,7 @@ def run_summary(out_dir: Path, rows: list[dict[str, float]], start: int, seconds
     )
     steps = f"{len(rows)} new step{'s' if len(rows) != 1 else ''} up to step {len(rows) + start}"
     return (
-        f"run {out_dir}: {steps}, reward {reward:.3f} (mean of the last {tail} steps), "
+        f"run {out_dir}: {steps}, reward {reward:.3f} (mean of the last {tail} step{'s' if tail != 1 else ''}), "
         f"{last_eval}{no_update}, {seconds:.0f} s"
     )
 

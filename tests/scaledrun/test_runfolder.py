@@ -57,7 +57,15 @@ def test_a_used_folder_is_refused_unless_resumed_or_overwritten(tiny_model, tmp_
     assert not (out / "checkpoints" / "step_000002").exists()
 
 
-def test_resume_refuses_another_experiments_checkpoint_and_keeps_metrics_consistent(tiny_model, tmp_path):
+def _quoted_reward(rows) -> str:
+    """The run's last line's reward, by hand: the mean of the last 10 logged steps of the whole run."""
+    tail = [r["reward/mean"] for r in rows][-10:]
+    return f"reward {sum(tail) / len(tail):.3f} (mean of the last {len(tail)} step{'s' if len(tail) > 1 else ''})"
+
+
+def test_resume_refuses_another_experiments_checkpoint_and_keeps_metrics_consistent(
+    tiny_model, tmp_path, capsys
+):
     out = tmp_path / "run"
     tr.train(make_cfg(tiny_model, out, steps=2, save_every=1))
     with pytest.raises(RunFolderError, match=r"lr: 0.01 -> 0.02"):
@@ -70,6 +78,9 @@ def test_resume_refuses_another_experiments_checkpoint_and_keeps_metrics_consist
         res = tr.train(make_cfg(tiny_model, out, steps=3, save_every=1, resume=True))  # more steps: allowed
     assert len(res.rows) == 2  # steps 2 and 3 again from the step-1 checkpoint
     assert [r["step"] for r in read_metrics(out)] == [1, 2, 3]
+    # the last line quotes the run's reward (step 1, before the resume, included), as the Runs page does
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert f"2 new steps up to step 3, {_quoted_reward(read_metrics(out))}" in line, line
 
 
 HOLD = """
@@ -137,6 +148,6 @@ def test_kill_9_of_the_launcher_stops_its_workers_and_the_run_resumes(tiny_model
     again[again.index("--main_process_port") + 1] = str(_free_port())
     proc = subprocess.run(again, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert f"run {out}: 1 new step up to step {step + 1}, reward" in proc.stdout
+    assert f"run {out}: 1 new step up to step {step + 1}, {_quoted_reward(read_metrics(out))}" in proc.stdout
     assert not (out / ".lock").exists()
     assert [r["step"] for r in read_metrics(out)] == list(range(1, step + 2))
