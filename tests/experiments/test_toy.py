@@ -69,6 +69,7 @@ def test_each_study_slice_runs_and_round_trips(name: str, tmp_path) -> None:
     assert back.verdicts() == study.verdicts()
 
 
+@pytest.mark.exactness  # the batched toy against one seed's own run, both float64, at 1e-9 / 1e-12
 def test_measures_equal_a_plain_loop_over_simulate_rows() -> None:
     """steps-to-threshold, matched-reward and matched-step values, residuals, Asym and Jitter₂ of the batched
     arms equal a plain loop over each seed's own ``simulate`` run (an independent path)."""
@@ -258,6 +259,7 @@ def test_run_toy_saves_each_study_and_refuses_unknown_names(tmp_path, monkeypatc
         run_toy(tmp_path, only=["toy_nope"])
 
 
+@pytest.mark.exactness  # the batched toy against one seed's own run, both float64, at 1e-9 / 1e-12
 def test_confirmation_block_runs_fresh_seeds_with_the_same_arms() -> None:
     d = run_study("toy_main", block="discovery", **SLICE)
     c = run_study("toy_main", block="confirmation", **SLICE)
