@@ -33,7 +33,14 @@ from cancellation.batching import SPLIT_MODES
 from cancellation.objectives import ESTIMATORS, objective_names
 from cancellation.transforms import TRANSFORMS
 
-from .rewards import HOW_TO_REGISTER, check_weights, load_reward_file, parse_reward_names, reward_names
+from .rewards import (
+    HOW_TO_REGISTER,
+    absolute_reward_file,
+    check_weights,
+    load_reward_file,
+    parse_reward_names,
+    reward_names,
+)
 from .tasks import RESERVED_TEMPLATE_KWARGS, source_problems
 
 DTYPES = ("float32", "bfloat16", "float64")
@@ -143,12 +150,13 @@ class RunConfig:
     # ---- reward
     reward: str = DEFAULT_REWARD
     """Reward function name(s) (``scaledrun.rewards.REWARDS``): ``exact_match`` for the synthetic tasks,
-    ``math_verify`` for ``\\boxed{}`` math answers. Several: comma-separated (``math_verify,my_format``; a
+    ``math_verify`` for ``\\boxed{}`` math answers, ``answer_line`` for an ``Answer: N`` line (DAPO-Math). Several: comma-separated (``math_verify,my_format``; a
     YAML list is joined so); the reward is their ``reward_weights``-weighted sum (TRL's ``reward_funcs``).
     Your own: a module registering it (``--import my_module``, ``@register_reward``), or ``reward_file``."""
     reward_file: str | None = None
     """``PATH.py:FUNCTION``: a reward function of your own in a file (verl's ``custom_reward_function``
-    ``path`` / ``name``), imported when the config loads and registered under its name (FUNCTION). It is
+    ``path`` / ``name``), imported when the config loads and registered under its name (FUNCTION); the
+    config keeps the path absolute, so a resume from another folder uses the same file. It is
     the run's reward when ``reward`` is left at ``exact_match``; to combine it with others, name it in
     ``reward`` (``--reward math_verify,FUNCTION --reward_weights 1.0 0.2``). None: none."""
     reward_weights: list[float] | None = None
@@ -359,6 +367,8 @@ class RunConfig:
                 own = load_reward_file(self.reward_file)
             except ValueError as err:
                 bad("reward_file", str(err))
+            # saved absolute: a resume from another folder trains with the same file, not one of that name there
+            self.reward_file = absolute_reward_file(self.reward_file)
             if own not in [n.strip() for n in self.reward.split(",")]:
                 if self.reward != DEFAULT_REWARD:
                     bad(

@@ -196,6 +196,16 @@ def answer_line(prompts: Sequence[str], completions: Sequence[str], answers: Seq
 _REWARD_FILES: dict[Path, Any] = {}
 
 
+def absolute_reward_file(spec: str) -> str:
+    """``PATH.py:FUNCTION`` with PATH made absolute (``~`` expanded, relative to the working directory), as
+    a run's saved config keeps it; a spec not of that form comes back unchanged (``load_reward_file``
+    says what is wrong with it)."""
+    path_text, sep, name = spec.rpartition(":")
+    if not sep or not path_text:
+        return spec
+    return f"{Path(path_text).expanduser().resolve()}:{name}"
+
+
 def load_reward_file(spec: str) -> str:
     """Import ``PATH.py:FUNCTION`` and register ``FUNCTION`` under its own name; return that name.
 

@@ -193,8 +193,9 @@ def check_resume_config(saved: dict[str, Any] | None, cfg: Any, checkpoint: Path
         raise RunFolderError(
             f"cannot resume from {checkpoint}: its run had a different config ("
             + "; ".join(diff)
-            + "). Resume with the same values, or start a new run in another --output_dir "
-            "(or --overwrite true to replace this one)"
+            + "). Resume with the same values (the run's own: --config "
+            + f"{Path(checkpoint).parent.parent / 'config.yaml'} --resume true), or start a new run in "
+            "another --output_dir (or --overwrite true to replace this one)"
         )
 
 

@@ -62,10 +62,10 @@ def run_args(model, out, *extra, steps=2):
     ]  # fmt: skip
 
 
-def dumped_batches(debug_dir, steps):
+def dumped_batches(debug_dir, steps, first=1):
     return [
         torch.load(Path(debug_dir) / "rank0" / f"step_{s:06d}_rollouts.pt", weights_only=False)
-        for s in range(1, steps + 1)
+        for s in range(first, first + steps)
     ]
 
 
@@ -158,7 +158,9 @@ def test_reward_file_registers_the_function_and_errors_name_the_fix(tmp_path, mo
     )
     assert load_reward_file("mine.py:grade") == "grade" and REWARDS["grade"]([""], ["x"], ["1"]) == [2.0]
     cfg = RunConfig(reward_file="mine.py:grade")  # reward left at its default: the file's function is it
-    assert (cfg.reward, cfg.reward_file) == ("grade", "mine.py:grade")
+    # the path is kept absolute (a resume from another folder finds the same file)
+    assert (cfg.reward, cfg.reward_file) == ("grade", f"{(tmp_path / 'mine.py').resolve()}:grade")
+    assert RunConfig(reward_file=cfg.reward_file).reward_file == cfg.reward_file
     assert RunConfig(reward="exact_match,grade", reward_file="mine.py:grade").reward == "exact_match,grade"
     with pytest.raises(
         ValueError, match=r"does not name `reward_file`'s function 'grade': add it \(math_verify,grade\)"
@@ -183,7 +185,7 @@ def test_reward_file_registers_the_function_and_errors_name_the_fix(tmp_path, mo
 # the recipes, run
 
 
-def test_verl_parquet_with_a_reward_file_and_resume(raw_model, tmp_path, monkeypatch):
+def test_verl_parquet_with_a_reward_file_and_resume(raw_model, tmp_path, monkeypatch, capsys):
     """verl's layout (chat-format prompts, nested gold answers) and a reward in a file: the batch's rewards
     and ``rewards/score/mean`` are the file's function of the dumped completions; a resume finds the file."""
     monkeypatch.chdir(tmp_path)
@@ -191,7 +193,7 @@ def test_verl_parquet_with_a_reward_file_and_resume(raw_model, tmp_path, monkeyp
     (tmp_path / "my_reward.py").write_text(REWARD_FILE)
     out, dbg = tmp_path / "runs" / "verl", tmp_path / "dbg"
     argv = run_args(
-        raw_model, out, "--task", "train.parquet", "--answer_field", "reward_model.ground_truth",
+        raw_model, out, "--task", tmp_path / "train.parquet", "--answer_field", "reward_model.ground_truth",
         "--reward_file", "my_reward.py:score", "--num_train", "none", "--debug_dir", dbg,
     )  # fmt: skip
     tr.main(argv)
@@ -205,10 +207,29 @@ def test_verl_parquet_with_a_reward_file_and_resume(raw_model, tmp_path, monkeyp
         assert row["rewards/score/mean"] == pytest.approx(statistics.fmean(by_hand), rel=1e-6)
         assert row["reward/mean"] == pytest.approx(statistics.fmean(by_hand), rel=1e-6)
     saved = (out / "config.yaml").read_text()
-    assert "reward: score\n" in saved and "reward_file: my_reward.py:score\n" in saved
-    # the saved config names the file: a resume (a fresh registry would need it too) continues the run
-    tr.main(["--config", str(out / "config.yaml"), "--steps", "3", "--save_every", "0", "--resume", "true"])
+    assert (
+        "reward: score\n" in saved
+        and f"reward_file: {(tmp_path / 'my_reward.py').resolve()}:score\n" in saved
+    )
+    # the saved config names the file by its absolute path: a resume from another folder, which holds a
+    # different my_reward.py, continues the run with the run's own file
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    (other / "my_reward.py").write_text(REWARD_FILE.replace("return [", "return [123.0 + 0 * "))
+    monkeypatch.chdir(other)
+    dbg3 = tmp_path / "dbg3"
+    cmd = ["--config", str(out / "config.yaml"), "--steps", "3", "--save_every", "0", "--resume", "true"]
+    tr.main([*cmd, "--debug_dir", str(dbg3)])
     assert [r["step"] for r in read_metrics(out)] == [1, 2, 3]
+    (batch,) = dumped_batches(dbg3, 1, first=3)
+    by_hand = [score_by_hand(c, a) for c, a in zip(batch.completions, batch.answers, strict=True)]
+    assert batch.rewards.tolist() == pytest.approx(by_hand, rel=1e-6)
+    # the relative name from that folder is another file: not the same experiment, refused
+    with pytest.raises(SystemExit) as e:
+        tr.main([*cmd, "--steps", "4", "--reward_file", "my_reward.py:score"])
+    assert e.value.code == 2
+    # (in this process the other file's `score` also clashes with the registered one; either names it)
+    assert "reward_file" in capsys.readouterr().err
 
 
 def test_gsm8k_jsonl_with_boxed_answers_and_an_eval_file(raw_model, tmp_path, capsys):

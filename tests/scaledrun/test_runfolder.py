@@ -68,7 +68,9 @@ def test_resume_refuses_another_experiments_checkpoint_and_keeps_metrics_consist
 ):
     out = tmp_path / "run"
     tr.train(make_cfg(tiny_model, out, steps=2, save_every=1))
-    with pytest.raises(RunFolderError, match=r"lr: 0.01 -> 0.02"):
+    with pytest.raises(
+        RunFolderError, match=rf"lr: 0.01 -> 0.02.*--config {out / 'config.yaml'} --resume true"
+    ):
         tr.train(make_cfg(tiny_model, out, steps=3, save_every=1, lr=2e-2, resume=True))
     # an orphan row past the checkpoint and a cut-off line (a kill while writing): dropped on resume
     (out / "checkpoints" / "step_000002" / "trainer_state.json").unlink()  # step 2's save never finished
