@@ -166,8 +166,8 @@ import random
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -193,6 +193,17 @@ from cancellation.update import (
 from .backends import make_backend
 from .checkpoint import checkpoint_config, latest_checkpoint, load_checkpoint, safe_load, save_checkpoint
 from .config import RunConfig, load_config, save_config
+from .distributed import (
+    any_process,
+    deepspeed_micro_batch,
+    full_params,
+    gradient_sync,
+    has_accelerator,
+    max_list,
+    mean_over_processes,
+    sum_list,
+    sum_over_processes,
+)
 from .packing import RowLengths, balance_bins, pack_rows, trim_batch
 from .rewards import compute_rewards, parse_reward_names, score_rewards
 from .rollout import (
@@ -695,7 +706,7 @@ def plan_micro_batches(accelerator: Any, cfg: RunConfig, sub: RolloutBatch) -> l
         micro = micro_batches(len(sub), cfg.micro_batch_size)
     count = len(micro)
     if accelerator.num_processes > 1:
-        count = int(_max_list(accelerator, [float(count)])[0])
+        count = int(max_list(accelerator, [float(count)])[0])
     if count == len(micro):
         return list(micro)
     return balance_bins(micro, count, lengths if lengths is not None else RowLengths.of(sub))
@@ -781,25 +792,6 @@ def surrogate(logp: Tensor, coef: Tensor, mask: Tensor, world: int) -> Tensor:
     """−W·Σ_{i,t} c_{i,t}·logp_{i,t}: its gradient is −W·c on every log-prob (c a constant)."""
     logp = torch.where(mask.bool(), logp, torch.zeros_like(logp))  # padding: no gradient, whatever it holds
     return -(coef.detach() * logp).sum() * world
-
-
-@contextmanager
-def gradient_sync(accelerator: Any, model: Any, sync: bool) -> Iterator[None]:
-    """Inside: a backward pass that synchronises gradients across processes only when ``sync``.
-
-    DDP: ``accelerator.no_sync`` when not syncing. DeepSpeed: ``Accelerator.backward`` tells the engine
-    the accumulation boundary from ``accelerator.sync_gradients`` and runs ``engine.step()`` (its optimizer
-    step) whenever it is on, so it is off for every micro-batch but a mini-batch's last, as the HF Trainer
-    does; restored to on afterwards.
-    """
-    state = accelerator.gradient_state
-    saved = state.sync_gradients
-    state._set_sync_gradients(sync)
-    try:
-        with nullcontext() if sync else accelerator.no_sync(model):
-            yield
-    finally:
-        state._set_sync_gradients(saved)
 
 
 def backpropagate(
@@ -993,7 +985,7 @@ def update(
     )  # fmt: skip
     steps = minibatches(
         batch.group, advantages, schedule, old_logp=batch.old_logp, mask=batch.completion_mask,
-        generator=generator, any_process=lambda flag: _any_process(accelerator, flag),
+        generator=generator, any_process=lambda flag: any_process(accelerator, flag),
     )  # fmt: skip
     params = [p for p in model.parameters() if p.requires_grad]
     max_norm = cfg.grad_clip if cfg.grad_clip is not None else math.inf
@@ -1148,7 +1140,7 @@ def evaluate(
             local["form_mass"] += st["mass"]
             local["form_logodds"] += st["logodds"]
         local["form_prompts"] = float(len(multi))
-    total = _sum_over_processes(accelerator, local)
+    total = sum_over_processes(accelerator, local)
     n = max(total["prompts"], 1.0)
     out = {
         "eval/greedy_accuracy": total["greedy_correct"] / n,
@@ -1188,7 +1180,7 @@ def train(
 
     # a ``--multi_gpu`` launch on a machine without GPUs runs on CPU processes (gloo): Accelerate only
     # picks MULTI_CPU when told ``cpu=True`` (``ACCELERATE_USE_CPU``), so say it when there is no GPU
-    accelerator = Accelerator(cpu=not _has_accelerator())
+    accelerator = Accelerator(cpu=not has_accelerator())
     watch_parent()  # under a launcher: this worker exits when the launcher is gone
     seed_all(cfg.seed)
     out_dir = Path(cfg.output_dir)
@@ -1265,7 +1257,7 @@ def _train(
     # ---- model, optimizer (the data is loaded: ``train``)
     model = load_model(cfg)
     optimizer, scheduler = build_optimizer(cfg, model)
-    _deepspeed_micro_batch(accelerator)
+    deepspeed_micro_batch(accelerator)
     # the scheduler is not prepared: an accelerate-prepared scheduler steps once per process
     model, optimizer = accelerator.prepare(model, optimizer)
     train_tasks, eval_tasks, formatted = data.train, data.eval, data.formatted
@@ -1350,7 +1342,7 @@ def _train(
                 buffer.push(batch, batch.advantages, batch.group)
                 selection = buffer.selection()
                 # every process must step together: take nothing unless every process has a selection
-                everyone = not _any_process(accelerator, selection is None)
+                everyone = not any_process(accelerator, selection is None)
                 update_batch = buffer.pop(selection if everyone else None)
 
             # ---- 4. the update
@@ -1386,12 +1378,12 @@ def _train(
             # ---- 5. the log row (same keys as the toy where they exist)
             all_rewards = accelerator.gather(batch.rewards)
             all_terms = accelerator.gather(terms.contiguous())
-            row = _mean_over_processes(accelerator, {
+            row = mean_over_processes(accelerator, {
                 **{k: res.metrics.get(k, math.nan) for k in METRIC_KEYS}, **res.flip, **res.energy,
                 "completion_length": roll["completion_length"], "truncated_frac": roll["truncated_frac"],
                 "entropy": roll["entropy"], "grad_norm": res.grad_norm,
             })  # fmt: skip
-            totals = _sum_over_processes(accelerator, {
+            totals = sum_over_processes(accelerator, {
                 "reward_failures": float(failures), "tokens_generated": roll["tokens_generated"],
                 "truncation/dropped_groups": float(dropped_groups(batch.group, valid)),
                 "loss_tokens": 0.0 if update_batch is None else float(update_batch.completion_mask.sum()),
@@ -1404,7 +1396,7 @@ def _train(
             if update_batch is not None and totals["loss_tokens"] == 0 and not warned_truncation:
                 warned_truncation = True  # once per run; the run's last line counts every such step
                 accelerator.print(truncation_warning(cfg, step), file=sys.stderr)
-            meter = MeterTotals.from_list(_sum_list(accelerator, res.meter.as_list()))
+            meter = MeterTotals.from_list(sum_list(accelerator, res.meter.as_list()))
             dt = time.perf_counter() - t0
             row.update({
                 "sampled_reward": float(all_rewards.mean()),
@@ -1472,62 +1464,6 @@ def _score_stats(totals: dict[str, float]) -> dict[str, float]:
     }
 
 
-def full_params(accelerator: Any, model: Any) -> Any:
-    """A context in which the unwrapped model holds its full parameters (generation, no-grad passes).
-
-    DDP and one process: nothing to do. DeepSpeed ZeRO-3 and FSDP shard the parameters: gather them
-    (each GPU then holds the whole model for the duration). The ZeRO-3/FSDP branches are not exercised
-    by this project's CPU tests (see ``scaledrun/accelerate/*.yaml``).
-    """
-    from accelerate.utils import DistributedType
-
-    kind = accelerator.distributed_type
-    if kind == DistributedType.DEEPSPEED and accelerator.state.deepspeed_plugin.zero_stage == 3:
-        import deepspeed
-
-        return deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None)
-    if kind == DistributedType.FSDP:
-        if getattr(accelerator, "is_fsdp2", False):
-            return _fsdp2_unsharded(model)
-        from torch.distributed.fsdp import FullyShardedDataParallel
-
-        return FullyShardedDataParallel.summon_full_params(model, writeback=False, recurse=True)
-    return nullcontext()
-
-
-@contextmanager
-def _fsdp2_unsharded(model: Any) -> Iterator[None]:
-    """Every ``fully_shard`` module of ``model`` holds its whole parameters inside (FSDP2)."""
-    from torch.distributed.fsdp import FSDPModule
-
-    modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
-    for m in modules:
-        m.unshard()
-    try:
-        yield
-    finally:
-        for m in modules:
-            m.reshard()
-
-
-def _deepspeed_micro_batch(accelerator: Any) -> None:
-    """DeepSpeed wants ``train_micro_batch_size_per_gpu``; no dataloader is prepared to infer it."""
-    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
-    if plugin is not None and plugin.is_auto("train_micro_batch_size_per_gpu"):
-        plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = 1
-
-
-def _has_accelerator() -> bool:
-    """Whether a GPU-like device (CUDA/ROCm, XPU, MPS) is visible to this process."""
-    if torch.cuda.is_available():
-        return True
-    xpu = getattr(torch, "xpu", None)
-    if xpu is not None and xpu.is_available():
-        return True
-    mps = getattr(torch.backends, "mps", None)
-    return bool(mps is not None and mps.is_available())
-
-
 def replay_file(replay_dir: Path, rank: int, step: int) -> Path | None:
     """The batch this process replays at ``step``: its own rank's file first, then the shared one."""
     name = f"step_{step:06d}_rollouts.pt"
@@ -1546,36 +1482,6 @@ def _replay_stats(batch: RolloutBatch) -> dict[str, float]:
         "truncated_frac": float(batch.truncated.float().mean()),
         "tokens_generated": float(lengths.sum()),
     }
-
-
-def _any_process(accelerator: Any, flag: bool) -> bool:
-    """Whether ``flag`` holds on any process (all processes call this together)."""
-    return _sum_list(accelerator, [1.0 if flag else 0.0])[0] > 0
-
-
-def _sum_list(accelerator: Any, values: list[float]) -> list[float]:
-    """Element-wise sum of ``values`` over processes."""
-    if accelerator.num_processes == 1:
-        return [float(v) for v in values]
-    t = torch.tensor(values, dtype=torch.float64, device=accelerator.device)
-    return accelerator.reduce(t, "sum").tolist()
-
-
-def _max_list(accelerator: Any, values: list[float]) -> list[float]:
-    """Element-wise maximum of ``values`` over processes."""
-    if accelerator.num_processes == 1:
-        return [float(v) for v in values]
-    t = torch.tensor(values, dtype=torch.float64, device=accelerator.device)
-    return accelerator.reduce(t, "max").tolist()
-
-
-def _sum_over_processes(accelerator: Any, values: dict[str, float]) -> dict[str, float]:
-    return dict(zip(values, _sum_list(accelerator, list(values.values())), strict=True))
-
-
-def _mean_over_processes(accelerator: Any, values: dict[str, float]) -> dict[str, float]:
-    world = accelerator.num_processes
-    return {k: v / world for k, v in _sum_over_processes(accelerator, values).items()}
 
 
 def _pop_option(argv: list[str], name: str) -> list[str]:
