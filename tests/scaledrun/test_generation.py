@@ -1,8 +1,11 @@
 """Generation that samples exactly the run's policy (``scaledrun.backends``): no setting leaks from a
 model's generation config, the stop tokens are the union of every end token, rows are generated in
-chunks of ``generation_batch_size``."""
+chunks of ``generation_batch_size``. Each test runs on the tiny model's own tokenizer and on Qwen's real
+one (``qwen_tiny_model``: Qwen3's special tokens, chat template and end tokens)."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
@@ -17,17 +20,32 @@ from scaledrun.backends import (
     stop_token_ids,
 )
 from scaledrun.config import RunConfig
-from scaledrun.rollout import first_eos_mask, generate_texts
+from scaledrun.rollout import first_eos_mask, generate_texts, score_completions
 from scaledrun.tasks import format_prompt
+
+#: Every test here samples a tiny model (on either tokenizer).
+pytestmark = pytest.mark.sampling
 
 PROMPTS = ["What is 12+34?", "What is 5+61?", "What is 70+8?"]
 
 
-@pytest.fixture
-def loaded(tiny_model):
-    tok = AutoTokenizer.from_pretrained(tiny_model, padding_side="left")
-    model = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
+def _load(path):
+    tok = AutoTokenizer.from_pretrained(path, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
     return model, tok, [format_prompt(tok, p) for p in PROMPTS]
+
+
+@pytest.fixture(scope="module", params=["tiny_model", "qwen_tiny_model"])
+def _loaded_once(request):
+    return _load(request.getfixturevalue(request.param))
+
+
+@pytest.fixture
+def loaded(_loaded_once):
+    """(model, tokenizer, chat-formatted PROMPTS) of the tiny model on its own tokenizer, then on Qwen's:
+    copies, which a test may change (loading Qwen's 151k-token tokenizer takes seconds)."""
+    model, tok, prompts = _loaded_once
+    return copy.deepcopy(model), copy.deepcopy(tok), list(prompts)
 
 
 LEAKY = {"repetition_penalty": 3.0, "no_repeat_ngram_size": 1, "min_p": 0.3}
@@ -39,7 +57,7 @@ def _encode(tok, prompts):
 
 
 @pytest.mark.parametrize("do_sample", [False, True])
-def test_a_models_generation_settings_do_not_leak_into_sampling(tiny_model, loaded, do_sample):
+def test_a_models_generation_settings_do_not_leak_into_sampling(loaded, do_sample):
     """With repetition_penalty 3.0, no_repeat_ngram_size 1 and min_p 0.3 in the model's generation config,
     the backend samples exactly what it samples from a model with a clean config (same seed); the plain
     ``generate`` call honours the leaky settings (no token twice in a completion: no_repeat_ngram_size 1)."""
@@ -150,3 +168,35 @@ def test_backend_names_and_errors(loaded):
     with pytest.raises(ValueError, match="generation_batch_size"):
         HFBackend(model, 0)
     assert isinstance(model.generation_config, GenerationConfig)
+
+
+def test_qwen_stops_at_either_end_token_and_keeps_the_think_block(qwen_tiny_model):
+    """Qwen's tokenizer and Qwen3's generation config: the stop tokens are <|im_end|> (151645, the
+    tokenizer's EOS) then <|endoftext|> (151643, the generation config's second); a completion's mask runs
+    through the first of them, its text keeps the ``<think>`` block (not a special token in Qwen3) and
+    drops the end token; a completion cut inside its think block is truncated."""
+    model, tok, prompts = _load(qwen_tiny_model)
+    assert stop_token_ids(model, tok) == [151645, 151643]
+    think = tok("<think>\nadd\n</think>\n\n46", add_special_tokens=False)["input_ids"]
+    assert think[0] == 151667 and 151668 in think
+    pad = tok.pad_token_id
+    rows = [
+        [*think, 151645, 19, 19],  # ends at <|im_end|>; what follows is not part of the completion
+        think[:3] + [151643] + [19] * (len(think) - 1),  # ends at <|endoftext|> inside the think block
+        [*think, 19, 19, 19],  # no end token: truncated
+    ]
+    enc = tok([prompts[0]] * 3, return_tensors="pt", padding=True, add_special_tokens=False)
+    batch, _ = score_completions(
+        model, tok, enc["input_ids"], enc["attention_mask"], torch.tensor(rows),
+        prompts=[prompts[0]] * 3, answers=["46"] * 3, group_ids=[0, 0, 0], temperature=1.0,
+    )  # fmt: skip
+    n = len(think)
+    assert batch.completion_mask.sum(1).tolist() == [n + 1, 4, n + 3]
+    assert batch.truncated.tolist() == [False, False, True]
+    assert batch.completions[0] == "<think>\nadd\n</think>\n\n46"
+    assert batch.completions[1] == tok.decode(think[:3]) and batch.completions[1].startswith("<think>\n")
+    assert batch.completions[2] == "<think>\nadd\n</think>\n\n46444"
+    assert batch.input_ids[0, enc["input_ids"].shape[1] + n + 1 :].tolist() == [
+        pad,
+        pad,
+    ]  # after EOS: padding

@@ -344,21 +344,39 @@ def test_chat_template_kwargs_reach_the_template():
         format_prompt(tok, "hi")
 
 
-def test_format_prompt_on_the_qwen_tokenizer(request):
+def test_format_prompt_on_the_qwen_tokenizer(qwen_tiny_model):
     """Qwen3's own template (``qwen_tiny_model``: Qwen's tokenizer): system prompt and enable_thinking."""
-    try:
-        found = request.getfixturevalue("qwen_tiny_model")
-    except pytest.FixtureLookupError:
-        pytest.skip("the qwen_tiny_model fixture is not in tests/scaledrun/conftest.py")
-    if hasattr(found, "apply_chat_template"):
-        qwen = found
-    else:
-        from transformers import AutoTokenizer
+    from transformers import AutoTokenizer
 
-        qwen = AutoTokenizer.from_pretrained(found)
+    qwen = AutoTokenizer.from_pretrained(qwen_tiny_model)
     assert format_prompt(qwen, "What is 1 + 1?") == USER + ASSISTANT
     got = format_prompt(qwen, "What is 1 + 1?", "Be brief.", {"enable_thinking": False})
     assert got == SYSTEM + USER + ASSISTANT + "<think>\n\n</think>\n\n"
+    assert (
+        format_prompt(qwen, "What is 1 + 1?", chat_template_kwargs={"enable_thinking": True})
+        == USER + ASSISTANT
+    )
+
+
+def test_qwen3_template_drops_the_reasoning_of_earlier_turns(qwen_tiny_model):
+    """Qwen3's template (as its model card says: the history keeps only each answer, not its thinking): an
+    earlier assistant turn's ``<think>`` block is dropped, with or without ``enable_thinking``; the prompt
+    ends with the generation prompt."""
+    from transformers import AutoTokenizer
+
+    qwen = AutoTokenizer.from_pretrained(qwen_tiny_model)
+    messages = [
+        {"role": "user", "content": "What is 1 + 1?"},
+        {"role": "assistant", "content": "<think>\nOne and one.\n</think>\n\n2"},
+        {"role": "user", "content": "And 2 + 2?"},
+    ]
+    history = USER + "<|im_start|>assistant\n2<|im_end|>\n<|im_start|>user\nAnd 2 + 2?<|im_end|>\n"
+    assert format_prompt(qwen, messages) == history + ASSISTANT
+    no_think = format_prompt(qwen, messages, "Be brief.", {"enable_thinking": False})
+    assert no_think == SYSTEM + history + ASSISTANT + "<think>\n\n</think>\n\n"
+    # the prompt's tokens: <|im_start|> 151644, "assistant" 77091, "\n" 198, <think> 151667, "\n\n" 271, </think> 151668
+    ids = qwen(no_think, add_special_tokens=False)["input_ids"]
+    assert ids[-7:] == [151644, 77091, 198, 151667, 271, 151668, 271]
 
 
 def test_drop_overlong_keeps_prompts_up_to_the_limit(tok):
