@@ -38,6 +38,8 @@ import torch
 
 import scaledrun.train as tr
 from scaledrun.config import RunConfig
+from scaledrun.data import load_tasks
+from scaledrun.model import load_model_and_tokenizer
 from scaledrun.packing import RowLengths, pack_rows
 from scaledrun.rollout import score_completions
 from scaledrun.tasks import format_prompt
@@ -47,7 +49,7 @@ from scaledrun.tiny import build_tiny
 def mixed_batch(cfg: RunConfig, model, tokenizer, groups: int, size: int, lo: int, hi: int, seed: int):
     """A batch of chosen completions with log-uniform lengths in [lo, hi] (EOS at the end of each)."""
     gen = torch.Generator().manual_seed(seed)
-    tasks = tr.load_tasks(cfg, "train", groups)
+    tasks = load_tasks(cfg, "train", groups)
     vocab = [tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)]
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     u = torch.rand(groups * size, generator=gen)
@@ -92,7 +94,7 @@ def main() -> None:
             model=str(model_dir), output_dir=str(Path(tmp) / "run"), max_new_tokens=args.max_len,
             group_size=args.group_size, prompts_per_step=args.groups, num_train=args.groups, truncation="keep",
         )  # fmt: skip
-        model, tokenizer = tr.load_model_and_tokenizer(base)
+        model, tokenizer = load_model_and_tokenizer(base)
         batch = mixed_batch(
             base, model, tokenizer, args.groups, args.group_size, args.min_len, args.max_len, 0
         )

@@ -17,7 +17,7 @@ Held equal
 - Model and tokenizer (the same folder, float32, no bf16, CPU, one process, no vLLM).
 - LoRA: one ``peft.LoraConfig`` built from the run config (r, alpha, dropout, target_modules).
 - Prompts: the arithmetic task's train prompts formatted with the chat template, in the order the
-  trainer draws them (``scaledrun.train.step_prompts``), fed to TRL unshuffled, so both see the same
+  trainer draws them (``scaledrun.data.step_prompts``), fed to TRL unshuffled, so both see the same
   prompts at every step; G = ``group_size`` completions per prompt, ``prompts_per_step`` prompts per
   step; ``max_new_tokens`` = ``max_completion_length``; temperature, top_p, top_k = 0 (off).
 - Reward: ``scaledrun.rewards.exact_match`` (TRL gets it wrapped in its reward-function signature,
@@ -83,10 +83,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 
 from scaledrun.config import RunConfig, load_config
+from scaledrun.data import load_tasks, step_prompts
+from scaledrun.model import lora_config
 from scaledrun.rewards import exact_match
 from scaledrun.tasks import format_prompt
 from scaledrun.tiny import build_tiny
-from scaledrun.train import load_tasks, lora_config, step_prompts, train
+from scaledrun.train import train
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "scaledrun" / "configs" / "default.yaml"
 #: TRL's (epsilon, epsilon_high) when the run config leaves them unset: the objectives' own defaults

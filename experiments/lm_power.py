@@ -192,7 +192,7 @@ def choose_lr(rewards: Mapping[float, Sequence[float]]) -> float:
 def start_eval(
     model: str, seeds: Sequence[int], overrides: Mapping[str, Any] = OVERRIDES, imports: Sequence[str] = ()
 ) -> dict[int, dict[str, float]]:
-    """Seed → the trainer's held-out eval (``scaledrun.train.evaluate``) of the model before any RL step,
+    """Seed → the trainer's held-out eval (``scaledrun.evaluate.evaluate``) of the model before any RL step,
     on the eval prompts and sampling settings a run with that seed uses (its keys: ``eval/greedy_accuracy``,
     ``eval/avg@k``, the form metrics). The sampling RNG is seeded from the seed. ``imports``: modules to
     import first (a reward the config names)."""
@@ -202,7 +202,9 @@ def start_eval(
     from accelerate import Accelerator
 
     from scaledrun.config import load_config
-    from scaledrun.train import evaluate, load_model_and_tokenizer, load_tasks
+    from scaledrun.data import load_tasks
+    from scaledrun.evaluate import evaluate
+    from scaledrun.model import load_model_and_tokenizer
 
     for module in imports:
         importlib.import_module(module)

@@ -7,6 +7,8 @@ FSDP need around the trainer's passes (``scaledrun.train``):
   micro-batch (DDP's ``no_sync``; DeepSpeed's accumulation boundary);
 - ``full_params``: the unwrapped model holding its whole parameters (generation, no-grad passes) under
   ZeRO-3 and FSDP;
+- ``global_counts``: a mini-batch's token and sequence counts over all processes, the normalisers of
+  its loss (``scaledrun.train``, "Loss normalisation across processes");
 - ``sum_list``, ``max_list``, ``any_process``, ``sum_over_processes``, ``mean_over_processes``: element-wise
   reductions every process calls together;
 - ``has_accelerator``, ``deepspeed_micro_batch``: the Accelerator's set-up.
@@ -16,9 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import Tensor
 
 
 @contextmanager
@@ -124,3 +128,20 @@ def sum_over_processes(accelerator: Any, values: dict[str, float]) -> dict[str, 
 def mean_over_processes(accelerator: Any, values: dict[str, float]) -> dict[str, float]:
     world = accelerator.num_processes
     return {k: v / world for k, v in sum_over_processes(accelerator, values).items()}
+
+
+@dataclass(frozen=True)
+class GlobalCounts:
+    """The normalisers of one mini-batch, summed over all processes (see "Loss normalisation")."""
+
+    tokens: float  # unmasked completion tokens
+    sequences: float  # completions (rows)
+
+
+def global_counts(accelerator: Any, mask: Tensor) -> GlobalCounts:
+    """The mini-batch's token and sequence counts over all processes; ``mask`` (b, T) is this process's part."""
+    local = torch.tensor(
+        [float(mask.sum()), float(mask.shape[0])], dtype=torch.float64, device=accelerator.device
+    )
+    tokens, sequences = accelerator.reduce(local, "sum").tolist()
+    return GlobalCounts(tokens=tokens, sequences=sequences)

@@ -15,7 +15,10 @@ import json
 import math
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .config import RunConfig
 
 METRICS_FILE = "metrics.jsonl"
 #: a run's reward as its last line (``scaledrun.train``) and the app's Runs page report it: the mean over
@@ -120,3 +123,52 @@ class RunLogger:
             self.writer.close()
         if self.bar is not None:
             self.bar.close()
+
+
+def run_summary(
+    out_dir: Path,
+    rows: list[dict[str, float]],
+    start: int,
+    seconds: float,
+    history: list[dict[str, Any]] | None = None,
+) -> str:
+    """The one line a run ends with: folder, steps, final reward, last eval, steps without an update, time.
+
+    ``rows`` are this call's new steps; ``history`` all of the run's rows (``metrics.jsonl``, steps before
+    a resume included; default ``rows``): the reward is the mean of its last ``SUMMARY_STEPS`` steps, the
+    number the Runs page shows, whether or not the run was resumed in between.
+    """
+    if not rows:
+        return f"run {out_dir}: nothing to do (already at its last step), {seconds:.0f} s"
+    reward, tail = last_steps_mean(history if history else rows)
+    evals = [r for r in rows if "eval/greedy_accuracy" in r]
+    last_eval = f"last eval greedy accuracy {evals[-1]['eval/greedy_accuracy']:.3f}" if evals else "no eval"
+    cut = sum(r.get("truncation/no_update", 0.0) == 1.0 for r in rows)
+    no_update = (
+        f", {cut} step{'s' if cut != 1 else ''} with every completion truncated (no update)" if cut else ""
+    )
+    steps = f"{len(rows)} new step{'s' if len(rows) != 1 else ''} up to step {len(rows) + start}"
+    return (
+        f"run {out_dir}: {steps}, reward {reward:.3f} (mean of the last {tail} step{'s' if tail != 1 else ''}), "
+        f"{last_eval}{no_update}, {seconds:.0f} s"
+    )
+
+
+def truncation_warning(cfg: RunConfig, step: int) -> str:
+    """What the run prints (once) at the first step whose every completion was truncated and masked."""
+    return (
+        f"WARNING step {step}: every completion reached max_new_tokens={cfg.max_new_tokens} without an end "
+        f"token and `truncation: {cfg.truncation}` masked them all: this step trains on nothing. Raise "
+        "`max_new_tokens` (a thinking model needs thousands of tokens), or turn thinking off "
+        "(`chat_template_kwargs: {enable_thinking: false}` for Qwen3), or set `truncation: failure_reward` "
+        "so that truncated completions are punished instead of dropped."
+    )
+
+
+def score_stats(totals: dict[str, float]) -> dict[str, float]:
+    """``score/*`` of a step from its summed counts: rows scored (all passes), per completion, padding."""
+    return {
+        "score/rows": totals["rows_scored"],
+        "score/rows_per_completion": totals["rows_scored"] / max(totals["rows"], 1.0),
+        "score/padding_frac": 1.0 - totals["tokens"] / totals["slots"] if totals["slots"] > 0 else math.nan,
+    }

@@ -58,6 +58,8 @@ from cancellation.update import CancellationMeter, coefficients
 from experiments.stats import markdown_table, paired_difference, summarize_arms
 from scaledrun import train as trainer
 from scaledrun.config import RunConfig
+from scaledrun.data import load_tasks
+from scaledrun.model import build_optimizer, load_model_and_tokenizer
 from scaledrun.rewards import compute_rewards, extract_answer, register_reward
 from scaledrun.rollout import generate_rollouts
 from scaledrun.runlog import read_metrics
@@ -133,9 +135,9 @@ def answer_distance(prompts: list[str], completions: list[str], answers: list[st
 cfg = RunConfig(  # warmup_ratio 0: with a warm-up the trainer's scheduler starts the optimiser at lr 0
     model=str(MODEL_DIR), task="template", reward="answer_distance", max_new_tokens=48, warmup_ratio=0.0
 )
-model, tokenizer = trainer.load_model_and_tokenizer(cfg)  # LoRA on every linear layer
-optimizer, _ = trainer.build_optimizer(cfg, model)
-task = trainer.load_tasks(cfg, "train", cfg.num_train)[0]
+model, tokenizer = load_model_and_tokenizer(cfg)  # LoRA on every linear layer
+optimizer, _ = build_optimizer(cfg, model)
+task = load_tasks(cfg, "train", cfg.num_train)[0]
 torch.manual_seed(0)
 batch, roll = generate_rollouts(
     model, tokenizer, [format_prompt(tokenizer, task.prompt)], [task.answer], [0],

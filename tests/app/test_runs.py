@@ -27,10 +27,10 @@ from streamlit.testing.v1 import AppTest
 from cancellation.diagnostics import jitter2
 from scaledrun.config import RunConfig, load_config
 from scaledrun.rewards import REWARDS, register_reward
-from scaledrun.runlog import read_metrics
+from scaledrun.runlog import read_metrics, run_summary
 from scaledrun.tiny import build_tiny
 from scaledrun.tiny import main as tiny_main
-from scaledrun.train import run_summary, train
+from scaledrun.train import train
 
 from ..exactness import rounding_tolerance
 

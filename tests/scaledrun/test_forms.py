@@ -8,8 +8,9 @@ import math
 import pytest
 import torch
 
-import scaledrun.train as tr
 from scaledrun.config import RunConfig
+from scaledrun.data import load_tasks
+from scaledrun.evaluate import FORM_KEYS, evaluate, form_stats
 from scaledrun.rewards import exact_match
 from scaledrun.tasks import TASKS, format_prompt, load_task
 from scaledrun.tiny import EOS_TOKEN, _sft_batch, _tokenizer_corpus, make_model, train_tokenizer, warm_start
@@ -125,7 +126,7 @@ def test_evaluate_form_metrics_equal_a_plain_loop(model_dir, rows):
     )
     prompt_lens = {len(tok(format_prompt(tok, t.prompt))["input_ids"]) for t in tasks}
     assert len(prompt_lens) > 1  # the batch is left-padded somewhere (and forms differ in length)
-    out = tr.evaluate(cfg, Accelerator(cpu=True), model, tok, tasks)
+    out = evaluate(cfg, Accelerator(cpu=True), model, tok, tasks)
     assert model.training
 
     model.eval()
@@ -151,7 +152,7 @@ def test_evaluate_form_metrics_equal_a_plain_loop(model_dir, rows):
     assert close(out["eval/form_logodds"], expected["eval/form_logodds"], gross=gross)
     # the mass of a barely trained model is tiny (wrong digits), so compare it relatively
     assert close(out["eval/form_mass"], expected["eval/form_mass"])
-    assert set(out) == {"eval/greedy_accuracy", "eval/avg@1", *tr.FORM_KEYS}
+    assert set(out) == {"eval/greedy_accuracy", "eval/avg@1", *FORM_KEYS}
 
 
 def test_single_form_tasks_add_no_form_keys(model_dir):
@@ -161,19 +162,19 @@ def test_single_form_tasks_add_no_form_keys(model_dir):
     cfg = RunConfig(model=str(model_dir), task="template", num_eval=3, eval_k=1, max_new_tokens=2)
     tok = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
     model = AutoModelForCausalLM.from_pretrained(model_dir)
-    out = tr.evaluate(cfg, Accelerator(cpu=True), model, tok, tr.load_tasks(cfg, "eval", 3))
+    out = evaluate(cfg, Accelerator(cpu=True), model, tok, load_tasks(cfg, "eval", 3))
     assert set(out) == {"eval/greedy_accuracy", "eval/avg@1"}
 
 
 def test_form_stats_hand_worked():
-    even = tr.form_stats([math.log(0.2), math.log(0.2)])
+    even = form_stats([math.log(0.2), math.log(0.2)])
     assert even["entropy"] == pytest.approx(math.log(2)) and even["mass"] == pytest.approx(0.4)
     assert even["logodds"] == pytest.approx(0.0)
-    st = tr.form_stats([math.log(0.3), math.log(0.1)])  # q = (3/4, 1/4)
+    st = form_stats([math.log(0.3), math.log(0.1)])  # q = (3/4, 1/4)
     assert st["entropy"] == pytest.approx(-(0.75 * math.log(0.75) + 0.25 * math.log(0.25)))
     assert st["mass"] == pytest.approx(0.4) and st["logodds"] == pytest.approx(math.log(3))
     # collapse onto one form: entropy → 0
-    assert tr.form_stats([-1.0, -60.0])["entropy"] < 1e-20
+    assert form_stats([-1.0, -60.0])["entropy"] < 1e-20
 
 
 def test_tiny_command_builds_the_task(tmp_path):

@@ -17,6 +17,7 @@ from cancellation import compute_loss
 from cancellation.objectives import dfpo_weights
 from cancellation.update import CancellationMeter, MeterTotals
 from scaledrun.config import RunConfig
+from scaledrun.model import load_model_and_tokenizer
 from scaledrun.rollout import first_eos_mask, score_completions
 from scaledrun.tasks import format_prompt
 
@@ -95,7 +96,7 @@ def test_dropped_groups_count_groups_left_with_one_row():
 def chosen(tiny_model):
     """A LoRA policy (adapter still zero) and chosen completions of unequal lengths at T = 0.6."""
     cfg = RunConfig(model=str(tiny_model), temperature=0.6)
-    model, tok = tr.load_model_and_tokenizer(cfg)
+    model, tok = load_model_and_tokenizer(cfg)
     digits = [tok.convert_tokens_to_ids(str(d)) for d in range(10)]
     eos, pad = tok.eos_token_id, tok.pad_token_id
     comps = [[digits[1], digits[2], eos, pad, pad], [digits[3], eos, pad, pad, pad], [digits[4]] * 5]

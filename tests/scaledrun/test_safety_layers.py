@@ -23,6 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import scaledrun.train as tr
 from scaledrun.backends import HFBackend, Sampling, stop_token_ids
 from scaledrun.config import RunConfig
+from scaledrun.model import compute_precision, master_fp32
 from scaledrun.scoring import _compute_dtype, chunked_token_logprob, completion_scores
 from scaledrun.tasks import format_prompt
 
@@ -136,8 +137,8 @@ def test_the_chunk_matmul_runs_in_the_autocast_dtype():
 )
 def test_compute_precision_is_bf16_autocast_exactly_for_bf16_full_finetuning(full_finetune, dtype, autocast):
     cfg = RunConfig(model="unused", output_dir="unused", full_finetune=full_finetune, dtype=dtype)
-    assert tr.master_fp32(cfg) is autocast
-    with tr.compute_precision(cfg, torch.device("cpu")):
+    assert master_fp32(cfg) is autocast
+    with compute_precision(cfg, torch.device("cpu")):
         assert torch.is_autocast_enabled("cpu") is autocast
         if autocast:
             assert torch.get_autocast_dtype("cpu") == torch.bfloat16

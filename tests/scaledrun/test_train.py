@@ -19,6 +19,10 @@ import scaledrun.train as tr
 from cancellation import compute_loss
 from cancellation.diagnostics import FLIP_KEYS
 from scaledrun.config import RunConfig, load_config
+from scaledrun.data import load_tasks
+from scaledrun.diagnostics import ENERGY_KEYS, measure_step
+from scaledrun.distributed import GlobalCounts
+from scaledrun.model import check_model_source, load_model_and_tokenizer
 from scaledrun.rewards import REWARDS
 from scaledrun.rollout import generate_rollouts, score_completions
 from scaledrun.runlog import read_metrics
@@ -98,7 +102,7 @@ def _rollout(cfg, model, tokenizer, temperature=1.0, lengths=None, first=0):
     lengths = LENGTHS if lengths is None else lengths
     width = cfg.max_new_tokens
     assert all(n is None or 1 <= n <= width for row in lengths for n in row)
-    tasks = tr.load_tasks(cfg, "train", cfg.num_train)[first : first + len(lengths)]
+    tasks = load_tasks(cfg, "train", cfg.num_train)[first : first + len(lengths)]
     digits = [tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)]
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
     prompts, answers, groups, completions = [], [], [], []
@@ -123,7 +127,7 @@ def _rollout(cfg, model, tokenizer, temperature=1.0, lengths=None, first=0):
 def replay_dir(root, cfg, lengths, step=1, rank=None, first=0):
     """Write a chosen batch (``_rollout(lengths=...)``, scored by ``cfg``'s model at its temperature) as
     the batch the trainer replays at ``step`` (``--replay_dir``; ``rank``: that process's only)."""
-    model, tokenizer = tr.load_model_and_tokenizer(cfg)
+    model, tokenizer = load_model_and_tokenizer(cfg)
     batch, _ = _rollout(cfg, model, tokenizer, temperature=cfg.temperature, lengths=lengths, first=first)
     folder = root if rank is None else root / f"rank{rank}"
     folder.mkdir(parents=True, exist_ok=True)
@@ -178,14 +182,14 @@ def test_old_logprobs_and_entropy_are_those_of_the_sampling_temperature(tiny_mod
     lengths (and a truncated row), and on what ``generate_rollouts`` samples. The chunked scorer against
     the full logits: model in float64 (``tests/exactness.py``)."""
     cfg = make_cfg(tiny_model, tmp_path)
-    model, tokenizer = tr.load_model_and_tokenizer(cfg)
+    model, tokenizer = load_model_and_tokenizer(cfg)
     model.double().eval()
     batch, stats = _rollout(cfg, model, tokenizer, temperature=0.6)
     lengths = batch.completion_mask.sum(1)
     assert len(set(lengths.tolist())) > 1 and bool(batch.truncated.any())  # padding to get right
     assert len(set(batch.attention_mask[:, : batch.prompt_len].sum(1).tolist())) > 1  # and left padding
     _check_logprobs_at(model, batch, stats, 0.6)
-    tasks = tr.load_tasks(cfg, "train", cfg.num_train)[: cfg.prompts_per_step]
+    tasks = load_tasks(cfg, "train", cfg.num_train)[: cfg.prompts_per_step]
     torch.manual_seed(SEED)
     sampled, sampled_stats = generate_rollouts(
         model, tokenizer, [format_prompt(tokenizer, t.prompt) for t in tasks], [t.answer for t in tasks],
@@ -227,7 +231,7 @@ def test_minibatch_coefficients_are_compute_loss(tiny_model, tmp_path):
     """The trainer's coefficients against autograd of compute_loss and a hand-worked form (float64:
     ``tests/exactness.py``)."""
     cfg = make_cfg(tiny_model, tmp_path, objective="grpo", aggregation="token-mean", temperature=0.7)
-    model, tokenizer = tr.load_model_and_tokenizer(cfg)
+    model, tokenizer = load_model_and_tokenizer(cfg)
     model.double()
     batch, _ = _rollout(cfg, model, tokenizer, temperature=0.7)
     batch = as_float64(batch)
@@ -237,7 +241,7 @@ def test_minibatch_coefficients_are_compute_loss(tiny_model, tmp_path):
     idx = torch.arange(len(batch) // 2)  # the first group: a mini-batch
     sub = batch.select(idx)
     # global counts as if another process held the other group
-    counts = tr.GlobalCounts(tokens=float(mask.sum()), sequences=float(len(batch)))
+    counts = GlobalCounts(tokens=float(mask.sum()), sequences=float(len(batch)))
     fwd = tr.minibatch_logprobs(model, sub, cfg, tr.micro_batches(len(sub), 0))
     co = tr.minibatch_coefficients(cfg, sub, adv[idx], fwd["logp"].detach(), counts)
     # independently: autograd of compute_loss on log-probs computed here, at T = 0.7
@@ -334,7 +338,7 @@ def test_lopti_stages_are_compute_loss_with_stage_advantages(tiny_model, tmp_pat
 
     cfg = make_cfg(tiny_model, tmp_path, objective=objective, lopti_eta=0.5, grad_clip=None, epsilon_low=0.2,
                    epsilon_high=0.2)  # fmt: skip
-    model, tokenizer = tr.load_model_and_tokenizer(cfg)
+    model, tokenizer = load_model_and_tokenizer(cfg)
     model.double()
     batch, _ = _rollout(cfg, model, tokenizer)
     batch = as_float64(batch)
@@ -458,8 +462,8 @@ def test_eval_keys(tiny_model, tmp_path):
     assert "eval/greedy_accuracy" not in rows[0]
     assert 0.0 <= rows[1]["eval/greedy_accuracy"] <= 1.0 and 0.0 <= rows[1]["eval/avg@2"] <= 1.0
     # the flip and energy diagnostics run on the eval cadence (``flip_every`` None): step 2 only
-    assert all(math.isnan(rows[0][k]) for k in (*FLIP_KEYS, *tr.ENERGY_KEYS))
-    assert all(math.isfinite(rows[1][k]) for k in ("flip/rate", *tr.ENERGY_KEYS))
+    assert all(math.isnan(rows[0][k]) for k in (*FLIP_KEYS, *ENERGY_KEYS))
+    assert all(math.isfinite(rows[1][k]) for k in ("flip/rate", *ENERGY_KEYS))
     # on-policy, one mini-batch: each completion is scored by the old pass and the gradient pass only;
     # step 2 adds the energy pass (before the step) and the flip pass (after it)
     assert [r["score/rows_per_completion"] for r in rows] == [2.0, 4.0]
@@ -468,10 +472,10 @@ def test_eval_keys(tiny_model, tmp_path):
 
 def test_measure_step_cadence():
     cfg = RunConfig(steps=10, eval_every=4)
-    assert [s for s in range(1, 11) if tr.measure_step(cfg, s)] == [4, 8, 10]
+    assert [s for s in range(1, 11) if measure_step(cfg, s)] == [4, 8, 10]
     cfg = RunConfig(steps=10, eval_every=4, flip_every=3)
-    assert [s for s in range(1, 11) if tr.measure_step(cfg, s)] == [3, 6, 9, 10]
-    assert not any(tr.measure_step(RunConfig(steps=10, flip_every=0), s) for s in range(1, 11))
+    assert [s for s in range(1, 11) if measure_step(cfg, s)] == [3, 6, 9, 10]
+    assert not any(measure_step(RunConfig(steps=10, flip_every=0), s) for s in range(1, 11))
 
 
 def test_missing_model_folder_names_the_field(tmp_path):
@@ -500,7 +504,7 @@ def test_a_model_name_that_is_no_folder_fails_at_once_naming_the_local_folders(t
     (tmp_path / "artifacts" / "not-a-model").mkdir()
     monkeypatch.chdir(tmp_path)
     with pytest.raises(FileNotFoundError) as err:  # hub unreachable (a closed local port)
-        tr.check_model_source("tiny-qwen3")
+        check_model_source("tiny-qwen3")
     assert "cannot be reached" in str(err.value) and "local model folders here: artifacts/tiny-x" in str(
         err.value
     )
@@ -509,18 +513,18 @@ def test_a_model_name_that_is_no_folder_fails_at_once_naming_the_local_folders(t
     with pytest.raises(
         FileNotFoundError, match="HF_HUB_OFFLINE is set; local model folders here: artifacts/tiny-x"
     ):
-        tr.check_model_source("tiny-qwen3")
+        check_model_source("tiny-qwen3")
     for path in ("artifacts/tiny-qwen3", "./tiny-qwen3", str(tmp_path / "m"), "a/b/c"):  # paths: no network
         with pytest.raises(
             FileNotFoundError, match=r"no such folder; local model folders here: artifacts/tiny-x"
         ):
-            tr.check_model_source(path)
+            check_model_source(path)
     with pytest.raises(FileNotFoundError, match=r"holds no config\.json"):
-        tr.check_model_source("artifacts/not-a-model")
-    tr.check_model_source("artifacts/tiny-x")  # a model folder passes
+        check_model_source("artifacts/not-a-model")
+    check_model_source("artifacts/tiny-x")  # a model folder passes
     (tmp_path / "artifacts" / "tiny-x" / "config.json").unlink()
     with pytest.raises(FileNotFoundError, match="no local model folder here; build the tiny model"):
-        tr.check_model_source("tiny-qwen3")
+        check_model_source("tiny-qwen3")
 
 
 @pytest.mark.parametrize("what", ["model", "task"])

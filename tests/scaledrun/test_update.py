@@ -21,6 +21,7 @@ import scaledrun.train as tr
 from cancellation import compute_loss
 from cancellation.transforms import TRANSFORMS
 from scaledrun.config import RunConfig
+from scaledrun.model import load_model_and_tokenizer
 
 from ..exactness import FLOAT64_RTOL, as_float64, close, max_abs_err, rounding_tolerance
 from .test_train import (
@@ -68,7 +69,7 @@ def _float64_setup(tiny_model, root, **kw):
     from accelerate import Accelerator
 
     cfg = make_cfg(tiny_model, root, grad_clip=None, **kw)
-    model, tokenizer = tr.load_model_and_tokenizer(cfg)
+    model, tokenizer = load_model_and_tokenizer(cfg)
     model.double()  # scored in float64 too (scaledrun.scoring follows the model's dtype)
     batch, _ = _rollout(cfg, model, tokenizer)
     batch = as_float64(batch)
@@ -250,7 +251,7 @@ def test_on_policy_update_reuses_the_old_logprobs(tiny_model, tmp_path):
     from accelerate import Accelerator
 
     cfg = make_cfg(tiny_model, tmp_path, grad_clip=None, micro_batch_size=3, objective="grpo")
-    model, tokenizer = tr.load_model_and_tokenizer(cfg)
+    model, tokenizer = load_model_and_tokenizer(cfg)
     model.double()
     batch, _ = _rollout(cfg, model, tokenizer)  # on-policy: old log-probs scored by these weights
     batch = as_float64(batch)

@@ -1,0 +1,152 @@
+"""The trainer's held-out evaluation (every ``eval_every`` steps; ``scaledrun.train``).
+
+``evaluate``: greedy accuracy and avg@k (the mean reward of k samples) over the eval prompts, each process
+scoring its share; for tasks with several equally correct forms (``template_forms``) also the exact
+equivalent-solution entropy, the forms' mass and their log-odds (``FORM_KEYS``), from teacher-forced
+log-probs of each whole form + EOS at the sampling temperature (``form_logprobs``, ``form_stats``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .backends import make_backend
+from .config import RunConfig
+from .distributed import sum_over_processes
+from .rewards import compute_rewards
+from .rollout import completion_logprobs, generate_texts
+from .tasks import Task, format_prompt, reward_columns
+
+#: Eval keys of tasks with several equally correct forms (``Task.forms``, e.g. ``template_forms``), from
+#: q_k = π(form_k | prompt) / Σ_j π(form_j | prompt) (whole completions + EOS, teacher-forced at T):
+#: ``eval/form_entropy`` the mean over prompts of H(q) in nats (ln 2 for two equally likely forms, 0 when
+#: the policy has collapsed onto one), ``eval/form_mass`` the mean of Σ_k π(form_k | prompt) and
+#: ``eval/form_logodds`` the mean of log π(form_0 | prompt) − log π(form_1 | prompt).
+FORM_KEYS = ("eval/form_entropy", "eval/form_mass", "eval/form_logodds")
+
+
+#: Rows (prompt + one form) per no-grad forward pass of ``form_logprobs``.
+FORM_BATCH_ROWS = 64
+
+
+@torch.no_grad()
+def form_logprobs(
+    model: Any, tokenizer: Any, prompts: list[str], forms: list[tuple[str, ...]], temperature: float,
+    batch_rows: int = FORM_BATCH_ROWS,
+) -> list[list[float]]:  # fmt: skip
+    """log π(form | prompt) of whole completions, teacher-forced: ``out[i][k]`` for ``forms[i][k]``.
+
+    ``prompts`` are chat-formatted (``format_prompt``). Each row is the prompt's tokens (left-padded, as
+    the rollouts) followed by the form's tokens and EOS (right-padded); log π is the sum over those
+    completion tokens of ``completion_logprobs`` at ``temperature`` (the trainer's log-probs of
+    logits / T), in eval mode (no dropout), ``batch_rows`` rows per forward pass.
+    """
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise ValueError("the tokenizer has no eos_token_id: a form's probability includes its EOS")
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    device = next(model.parameters()).device
+    rows: list[tuple[int, list[int], list[int]]] = []
+    for i, (prompt, fs) in enumerate(zip(prompts, forms, strict=True)):
+        p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        rows += [(i, p, tokenizer(f, add_special_tokens=False)["input_ids"] + [eos]) for f in fs]
+    was_training = model.training
+    model.eval()
+    sums: list[float] = []
+    for s in range(0, len(rows), batch_rows):
+        chunk = rows[s : s + batch_rows]
+        width_p, width_c = max(len(p) for _, p, _ in chunk), max(len(c) for _, _, c in chunk)
+        ids, att = [], []
+        for _, p, c in chunk:
+            lp, rc = width_p - len(p), width_c - len(c)
+            ids.append([pad] * lp + p + c + [pad] * rc)
+            att.append([0] * lp + [1] * (len(p) + len(c)) + [0] * rc)
+        ids_t = torch.tensor(ids, device=device)
+        att_t = torch.tensor(att, device=device)
+        logp = completion_logprobs(model, ids_t, att_t, width_c, temperature=temperature)["logp"]
+        sums += (logp.double() * att_t[:, width_p:]).sum(1).tolist()
+    if was_training:
+        model.train()
+    out: list[list[float]] = [[] for _ in prompts]
+    for (i, _, _), v in zip(rows, sums, strict=True):
+        out[i].append(v)
+    return out
+
+
+def form_stats(logps: list[float]) -> dict[str, float]:
+    """The entropy (nats) of q_k ∝ π(form_k), the mass Σ_k π(form_k) and log π(form_0) − log π(form_1)."""
+    lp = torch.tensor(logps, dtype=torch.float64)
+    log_q = torch.log_softmax(lp, 0)
+    return {
+        "entropy": float(-(log_q.exp() * log_q).sum()),
+        "mass": float(lp.exp().sum()),
+        "logodds": float(lp[0] - lp[1]),
+    }
+
+
+def evaluate(
+    cfg: RunConfig, accelerator: Any, model: Any, tokenizer: Any, tasks: list[Task]
+) -> dict[str, float]:
+    """Greedy accuracy and avg@k (mean reward of k samples) on this process's share of the held-out prompts.
+
+    When some eval tasks carry ≥ 2 equally correct ``forms`` (``template_forms``), also ``FORM_KEYS``:
+    exact (teacher-forced, no sampling) means over those prompts of the equivalent-solution entropy,
+    the forms' total probability and the forms' log-odds (``form_logprobs`` at ``cfg.temperature``;
+    ``micro_batch_size`` rows per forward pass when set, else ``FORM_BATCH_ROWS``).
+    """
+    mine = tasks[accelerator.process_index :: accelerator.num_processes]
+    unwrapped = accelerator.unwrap_model(model)
+    with_forms = any(len(t.forms) >= 2 for t in tasks)  # the whole list: every process decides alike
+    local = {"greedy_correct": 0.0, "mean_sampled_reward": 0.0, "prompts": float(len(mine))}
+    if with_forms:
+        local.update(form_entropy=0.0, form_mass=0.0, form_logodds=0.0, form_prompts=0.0)
+    if mine:
+        prompts = [
+            format_prompt(tokenizer, t.prompt, cfg.system_prompt, cfg.chat_template_kwargs) for t in mine
+        ]
+        answers = [t.answer for t in mine]
+        backend = make_backend(cfg.rollout_backend, unwrapped, cfg.generation_batch_size)
+        greedy = generate_texts(
+            unwrapped, tokenizer, prompts, n=1, max_new_tokens=cfg.max_new_tokens, do_sample=False,
+            backend=backend,
+        )  # fmt: skip
+        r_greedy, _ = compute_rewards(
+            cfg.reward, prompts, greedy, answers, cfg.failure_reward,
+            weights=cfg.reward_weights, columns=reward_columns(mine),
+        )  # fmt: skip
+        k = cfg.eval_k
+        sampled = generate_texts(
+            unwrapped, tokenizer, prompts, n=k, max_new_tokens=cfg.max_new_tokens,
+            do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, backend=backend,
+        )  # fmt: skip
+        r_k, _ = compute_rewards(
+            cfg.reward, [p for p in prompts for _ in range(k)], sampled, [a for a in answers for _ in range(k)],
+            cfg.failure_reward, weights=cfg.reward_weights, columns=reward_columns([t for t in mine for _ in range(k)]),
+        )  # fmt: skip
+        local["greedy_correct"] = float(sum(r >= 1.0 for r in r_greedy))
+        local["mean_sampled_reward"] = sum(r_k) / k  # summed over prompts: Σ_prompts mean of its k rewards
+    multi = [t for t in mine if len(t.forms) >= 2]
+    if multi:
+        logps = form_logprobs(
+            unwrapped, tokenizer,
+            [format_prompt(tokenizer, t.prompt, cfg.system_prompt, cfg.chat_template_kwargs) for t in multi],
+            [t.forms for t in multi], cfg.temperature, cfg.micro_batch_size or FORM_BATCH_ROWS,
+        )  # fmt: skip
+        for lp in logps:
+            st = form_stats(lp)
+            local["form_entropy"] += st["entropy"]
+            local["form_mass"] += st["mass"]
+            local["form_logodds"] += st["logodds"]
+        local["form_prompts"] = float(len(multi))
+    total = sum_over_processes(accelerator, local)
+    n = max(total["prompts"], 1.0)
+    out = {
+        "eval/greedy_accuracy": total["greedy_correct"] / n,
+        f"eval/avg@{cfg.eval_k}": total["mean_sampled_reward"] / n,
+    }
+    if with_forms:
+        m = max(total["form_prompts"], 1.0)
+        out.update({key: total[key.removeprefix("eval/")] / m for key in FORM_KEYS})
+    return out
