@@ -4,6 +4,15 @@
 scoring its share; for tasks with several equally correct forms (``template_forms``) also the exact
 equivalent-solution entropy, the forms' mass and their log-odds (``FORM_KEYS``), from teacher-forced
 log-probs of each whole form + EOS at the sampling temperature (``form_logprobs``, ``form_stats``).
+
+**Lockstep.** Under FSDP and ZeRO-3 every forward pass (hence every ``generate`` call) is a collective:
+all processes must make the same number of them, whatever their share of the prompts. Each process
+therefore evaluates ⌈N / world⌉ prompts (``eval_share``: its own, then copies of the first prompt) and
+makes as many form passes as the process that needs most (``form_logprobs(passes=...)``); the dummy
+rows' results are dropped, so the metrics are those of one process over the N prompts. (Within one
+``generate`` call, rows that stop early make the step counts differ; transformers keeps the processes in
+step itself there with ``synced_gpus`` when it detects ZeRO-3 or an FSDP1 wrapper; it does not detect
+accelerate's FSDP2, whose generation needs parameters that stay gathered for the whole call.)
 """
 
 from __future__ import annotations
@@ -14,7 +23,7 @@ import torch
 
 from .backends import make_backend
 from .config import RunConfig
-from .distributed import sum_over_processes
+from .distributed import max_list, sum_over_processes
 from .rewards import compute_rewards
 from .rollout import completion_logprobs, generate_texts
 from .tasks import Task, format_prompt, reward_columns
@@ -34,14 +43,16 @@ FORM_BATCH_ROWS = 64
 @torch.no_grad()
 def form_logprobs(
     model: Any, tokenizer: Any, prompts: list[str], forms: list[tuple[str, ...]], temperature: float,
-    batch_rows: int = FORM_BATCH_ROWS,
+    batch_rows: int = FORM_BATCH_ROWS, passes: int | None = None,
 ) -> list[list[float]]:  # fmt: skip
     """log π(form | prompt) of whole completions, teacher-forced: ``out[i][k]`` for ``forms[i][k]``.
 
     ``prompts`` are chat-formatted (``format_prompt``). Each row is the prompt's tokens (left-padded, as
     the rollouts) followed by the form's tokens and EOS (right-padded); log π is the sum over those
     completion tokens of ``completion_logprobs`` at ``temperature`` (the trainer's log-probs of
-    logits / T), in eval mode (no dropout), ``batch_rows`` rows per forward pass.
+    logits / T), in eval mode (no dropout), ``batch_rows`` rows per forward pass. ``passes``: make exactly
+    this many forward passes (≥ the ⌈rows / batch_rows⌉ needed), the extra ones on the first row alone,
+    their results dropped: every process then makes the same number (see "Lockstep").
     """
     eos = tokenizer.eos_token_id
     if eos is None:
@@ -52,11 +63,17 @@ def form_logprobs(
     for i, (prompt, fs) in enumerate(zip(prompts, forms, strict=True)):
         p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
         rows += [(i, p, tokenizer(f, add_special_tokens=False)["input_ids"] + [eos]) for f in fs]
+    chunks = [rows[s : s + batch_rows] for s in range(0, len(rows), batch_rows)]
+    if passes is not None:
+        if passes < len(chunks) or (passes > len(chunks) and not rows):
+            raise ValueError(
+                f"form_logprobs: passes={passes} cannot hold {len(rows)} rows at {batch_rows} per pass"
+            )
+        chunks += [rows[:1]] * (passes - len(chunks))  # dummy passes (lockstep), results dropped below
     was_training = model.training
     model.eval()
     sums: list[float] = []
-    for s in range(0, len(rows), batch_rows):
-        chunk = rows[s : s + batch_rows]
+    for chunk in chunks:
         width_p, width_c = max(len(p) for _, p, _ in chunk), max(len(c) for _, _, c in chunk)
         ids, att = [], []
         for _, p, c in chunk:
@@ -70,7 +87,7 @@ def form_logprobs(
     if was_training:
         model.train()
     out: list[list[float]] = [[] for _ in prompts]
-    for (i, _, _), v in zip(rows, sums, strict=True):
+    for (i, _, _), v in zip(rows, sums[: len(rows)], strict=True):
         out[i].append(v)
     return out
 
@@ -86,6 +103,13 @@ def form_stats(logps: list[float]) -> dict[str, float]:
     }
 
 
+def eval_share(tasks: list[Task], rank: int, world: int) -> tuple[list[Task], int]:
+    """This process's eval tasks padded to ⌈N / world⌉ (copies of ``tasks[0]`` after its own) and how many
+    are its own: every process evaluates the same number of prompts (see "Lockstep")."""
+    mine = tasks[rank::world]
+    return mine + tasks[:1] * (-(-len(tasks) // world) - len(mine)), len(mine)
+
+
 def evaluate(
     cfg: RunConfig, accelerator: Any, model: Any, tokenizer: Any, tasks: list[Task]
 ) -> dict[str, float]:
@@ -94,32 +118,36 @@ def evaluate(
     When some eval tasks carry ≥ 2 equally correct ``forms`` (``template_forms``), also ``FORM_KEYS``:
     exact (teacher-forced, no sampling) means over those prompts of the equivalent-solution entropy,
     the forms' total probability and the forms' log-odds (``form_logprobs`` at ``cfg.temperature``;
-    ``micro_batch_size`` rows per forward pass when set, else ``FORM_BATCH_ROWS``).
+    ``micro_batch_size`` rows per forward pass when set, else ``FORM_BATCH_ROWS``). Every process makes
+    the same number of ``generate`` calls and forward passes, on dummy rows when it has fewer prompts
+    than another (``eval_share``; their results are dropped): the metrics are those of one process.
     """
-    mine = tasks[accelerator.process_index :: accelerator.num_processes]
+    padded, n_own = eval_share(tasks, accelerator.process_index, accelerator.num_processes)
+    mine = padded[:n_own]
     unwrapped = accelerator.unwrap_model(model)
     with_forms = any(len(t.forms) >= 2 for t in tasks)  # the whole list: every process decides alike
     local = {"greedy_correct": 0.0, "mean_sampled_reward": 0.0, "prompts": float(len(mine))}
     if with_forms:
         local.update(form_entropy=0.0, form_mass=0.0, form_logodds=0.0, form_prompts=0.0)
-    if mine:
+    if padded:  # every process, or none (⌈N / world⌉ prompts each): the same generate calls everywhere
         prompts = [
-            format_prompt(tokenizer, t.prompt, cfg.system_prompt, cfg.chat_template_kwargs) for t in mine
+            format_prompt(tokenizer, t.prompt, cfg.system_prompt, cfg.chat_template_kwargs) for t in padded
         ]
-        answers = [t.answer for t in mine]
         backend = make_backend(cfg.rollout_backend, unwrapped, cfg.generation_batch_size)
+        k = cfg.eval_k
         greedy = generate_texts(
             unwrapped, tokenizer, prompts, n=1, max_new_tokens=cfg.max_new_tokens, do_sample=False,
             backend=backend,
-        )  # fmt: skip
-        r_greedy, _ = compute_rewards(
-            cfg.reward, prompts, greedy, answers, cfg.failure_reward,
-            weights=cfg.reward_weights, columns=reward_columns(mine),
-        )  # fmt: skip
-        k = cfg.eval_k
+        )[:n_own]  # fmt: skip
         sampled = generate_texts(
             unwrapped, tokenizer, prompts, n=k, max_new_tokens=cfg.max_new_tokens,
             do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, backend=backend,
+        )[: n_own * k]  # fmt: skip
+        prompts, answers = prompts[:n_own], [t.answer for t in mine]
+    if mine:
+        r_greedy, _ = compute_rewards(
+            cfg.reward, prompts, greedy, answers, cfg.failure_reward,
+            weights=cfg.reward_weights, columns=reward_columns(mine),
         )  # fmt: skip
         r_k, _ = compute_rewards(
             cfg.reward, [p for p in prompts for _ in range(k)], sampled, [a for a in answers for _ in range(k)],
@@ -127,13 +155,20 @@ def evaluate(
         )  # fmt: skip
         local["greedy_correct"] = float(sum(r >= 1.0 for r in r_greedy))
         local["mean_sampled_reward"] = sum(r_k) / k  # summed over prompts: Σ_prompts mean of its k rewards
-    multi = [t for t in mine if len(t.forms) >= 2]
-    if multi:
+    if with_forms:
+        multi = [t for t in mine if len(t.forms) >= 2]
+        batch_rows = cfg.micro_batch_size or FORM_BATCH_ROWS
+        need = -(-sum(len(t.forms) for t in multi) // batch_rows)
+        passes = int(max_list(accelerator, [float(need)])[0])  # the process that needs most
+        dummy = next(t for t in tasks if len(t.forms) >= 2)
+        fed, forms = (
+            (multi, [t.forms for t in multi]) if multi else ([dummy], [dummy.forms[:1]])
+        )  # 1 dummy row
         logps = form_logprobs(
             unwrapped, tokenizer,
-            [format_prompt(tokenizer, t.prompt, cfg.system_prompt, cfg.chat_template_kwargs) for t in multi],
-            [t.forms for t in multi], cfg.temperature, cfg.micro_batch_size or FORM_BATCH_ROWS,
-        )  # fmt: skip
+            [format_prompt(tokenizer, t.prompt, cfg.system_prompt, cfg.chat_template_kwargs) for t in fed],
+            forms, cfg.temperature, batch_rows, passes=passes,
+        )[: len(multi)]  # fmt: skip
         for lp in logps:
             st = form_stats(lp)
             local["form_entropy"] += st["entropy"]
