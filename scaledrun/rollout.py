@@ -5,8 +5,9 @@ A ``RolloutBatch`` holds one flat batch of completions in the shapes of docs/DES
 right-padded; ``completion_mask``, ``old_logp`` (B, T) refer to the completion part only.
 
 - ``generate_rollouts``: ``model.generate`` (sampling, KV cache, stop at EOS) under ``torch.no_grad``,
-  then the completion mask (up to and including the first EOS) and the old log-probs from one no-grad
-  forward pass of the same policy (the trainer applies its ``truncation`` policy afterwards);
+  then the completion mask (up to and including the first EOS) and the old log-probs from no-grad
+  forward passes of the same policy, in the micro-batch plan the caller gives (the trainer's: the loss's
+  passes, bounded by ``max_tokens_per_micro_batch``; the trainer applies its ``truncation`` policy afterwards);
 - ``completion_logprobs``: log π of the completion tokens (float32 log_softmax of logits / T), optionally
   the policy's token entropy; the trainer's loss passes use the same function with dropout off
   (``dropout_off``), so the ratio is exactly 1 before the first update;
@@ -26,8 +27,8 @@ runs under ``dropout_off``, so all of them compute the same deterministic functi
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -275,6 +276,7 @@ def generate_rollouts(
     chunk_size: int | None = None,
     chunk_tokens: int | None = None,
     backend: RolloutBackend | None = None,
+    plan: Callable[[RolloutBatch], list[Tensor | None]] | None = None,
 ) -> tuple[RolloutBatch, dict[str, float]]:
     """G = ``num_generations`` completions for each (already chat-formatted) prompt.
 
@@ -314,11 +316,40 @@ def generate_rollouts(
         answers=[a for a in answers for _ in range(num_generations)],
         group_ids=[g for g in group_ids for _ in range(num_generations)],
         temperature=temperature if do_sample else 1.0, ref_model_ctx=ref_model_ctx, chunk_size=chunk_size,
-        chunk_tokens=chunk_tokens,
+        chunk_tokens=chunk_tokens, plan=plan,
     )  # fmt: skip
     if was_training:
         model.train()
     return batch, stats
+
+
+def _score_pass(
+    model: Any,
+    batch: RolloutBatch,
+    rows: Tensor | None,
+    temperature: float,
+    chunk_tokens: int | None,
+    *,
+    with_entropy: bool,
+) -> dict[str, Tensor]:
+    """One scoring forward over ``batch``'s ``rows``, trimmed to their longest prompt and completion.
+
+    ``rows`` None: an empty pass (the first row, nothing scored) that only runs the forward. Returns
+    ``logp`` (and ``entropy``) of shape (len(rows), T_k), T_k ≤ T the pass's longest completion.
+    """
+    p = batch.prompt_len
+    idx = torch.zeros(1, dtype=torch.long) if rows is None else rows
+    idx = idx.to(batch.input_ids.device)
+    am = batch.attention_mask[idx]
+    keep_p = int(am[:, :p].sum(1).max())
+    keep_t = max(int(am[:, p:].sum(1).max()), 1)
+    cmask = batch.completion_mask[idx, :keep_t]
+    r = completion_logprobs(
+        model, batch.input_ids[idx, p - keep_p : p + keep_t], am[:, p - keep_p : p + keep_t], keep_t,
+        temperature=temperature, with_entropy=with_entropy, chunk_tokens=chunk_tokens,
+        completion_mask=torch.zeros_like(cmask) if rows is None else cmask,
+    )  # fmt: skip
+    return {k: r[k] for k in (("logp", "entropy") if with_entropy else ("logp",))}
 
 
 @torch.no_grad()
@@ -336,6 +367,7 @@ def score_completions(
     ref_model_ctx: Any = None,
     chunk_size: int | None = None,
     chunk_tokens: int | None = None,
+    plan: Callable[[RolloutBatch], list[Tensor | None]] | None = None,
 ) -> tuple[RolloutBatch, dict[str, float]]:
     """The ``RolloutBatch`` of given completions: what ``generate_rollouts`` returns after sampling.
 
@@ -345,8 +377,16 @@ def score_completions(
             replaced by padding), a row without EOS is truncated.
         prompts, answers, group_ids: one per row.
         chunk_tokens: LM-head positions per chunk of the scorer (``completion_logprobs``).
-        temperature: the sampling policy's T (1.0 for greedy); ``ref_model_ctx``, ``chunk_size``: as in
+        temperature: the sampling policy's T (1.0 for greedy); ``ref_model_ctx``: as in
             ``generate_rollouts``.
+        plan: the forward passes of the old (and reference) scoring: called with the batch (its
+            ``old_logp`` still zeros), it returns row-index tensors (``None``: an empty pass that scores
+            nothing but runs the forward, so every process runs as many); the trainer passes its loss
+            plan (``train.plan_micro_batches``: ``micro_batch_size`` or the ``max_tokens_per_micro_batch``
+            packing, the same pass count on every process). Without it: consecutive runs of
+            ``chunk_size`` rows (None: one pass over all rows). Each pass is trimmed to its own longest
+            prompt and completion, so under a token budget no scoring forward holds more token slots than
+            the loss passes do.
 
     The completion mask, the truncation flags, the old (and reference) log-probs at ``temperature``
     and the diagnostics are computed exactly as for sampled completions, so a test can build the batch
@@ -368,49 +408,43 @@ def score_completions(
     comp = torch.where(mask.bool(), comp, torch.full_like(comp, pad_id))
     input_ids = torch.cat([prompt_ids, comp], 1)
     attention_mask = torch.cat([prompt_mask, mask.long()], 1)
-    t = comp.shape[1]
-    was_training = model.training
-    model.eval()
-    logps, ents, refs = [], [], []
-    step = chunk_size or input_ids.shape[0]
-    for s in range(0, input_ids.shape[0], step):
-        r = completion_logprobs(
-            model,
-            input_ids[s : s + step],
-            attention_mask[s : s + step],
-            t,
-            temperature=temperature,
-            with_entropy=True,
-            chunk_tokens=chunk_tokens,
-        )
-        logps.append(r["logp"])
-        ents.append(r["entropy"])
-        if ref_model_ctx is not None:
-            with ref_model_ctx():
-                ref = completion_logprobs(
-                    model, input_ids[s : s + step], attention_mask[s : s + step], t, temperature=temperature,
-                    chunk_tokens=chunk_tokens,
-                )  # fmt: skip
-                refs.append(ref["logp"])
-    if was_training:
-        model.train()
-    old_logp = torch.cat(logps) * mask
-    entropy = torch.cat(ents)
-    texts = tokenizer.batch_decode(comp.masked_fill(~mask.bool(), pad_id), skip_special_tokens=True)
-    b = input_ids.shape[0]
+    t, b = comp.shape[1], input_ids.shape[0]
     batch = RolloutBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
         completion_mask=mask,
-        old_logp=old_logp,
+        old_logp=torch.zeros_like(mask),
         group=torch.tensor(group_ids, dtype=torch.long, device=device),
         advantages=torch.zeros(b, device=device),
         rewards=torch.zeros(b, device=device),
         truncated=truncated,
-        ref_logp=(torch.cat(refs) * mask) if refs else None,
+        ref_logp=None,
         prompts=list(prompts),
-        completions=texts,
+        completions=[""] * b,
         answers=list(answers),
+    )
+    passes = plan(batch) if plan is not None else list(torch.arange(b).split(chunk_size or max(b, 1)))
+    was_training = model.training
+    model.eval()
+    out: dict[str, Tensor] = {}
+    scorers = [("old", nullcontext)] + ([("ref", ref_model_ctx)] if ref_model_ctx is not None else [])
+    for rows in passes:  # the reference pass right after the old one over the same rows, as in the loss plan
+        for name, ctx in scorers:
+            with ctx():
+                r = _score_pass(model, batch, rows, temperature, chunk_tokens, with_entropy=name == "old")
+            for key, v in r.items():
+                k = name if key == "logp" else key
+                if k not in out:
+                    out[k] = v.new_zeros(b, t)
+                if rows is not None:
+                    out[k][rows.to(device), : v.shape[1]] = v
+    if was_training:
+        model.train()
+    entropy = out["entropy"]
+    batch.old_logp = out["old"] * mask
+    batch.ref_logp = out["ref"] * mask if "ref" in out else None
+    batch.completions = tokenizer.batch_decode(
+        comp.masked_fill(~mask.bool(), pad_id), skip_special_tokens=True
     )
     n_tok = mask.sum()
     stats = {

@@ -10,7 +10,7 @@ One training step, from prompt to ``optimizer.step``
 ----------------------------------------------------
 1. **Rollouts** (``rollout.generate_rollouts``): G = ``group_size`` sampled completions for each of this
    process's ``prompts_per_step`` prompts (temperature T, top-p), the completion mask through the first
-   EOS, and log π_old of every sampled token from one no-grad pass at T.
+   EOS, and log π_old of every sampled token from no-grad passes at T in the loss's micro-batch plan.
 2. **Rewards and advantages** (``rewards.compute_rewards``, ``apply_truncation``,
    ``cancellation.group_advantages``): the ``truncation`` policy, then group-relative advantages
    (DFPO eq. 43) over the rows that enter the loss; optionally Advantage Reweighting.
@@ -626,6 +626,7 @@ def _train(
                         [k for k, _ in mine], num_generations=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
                         temperature=cfg.temperature, top_p=cfg.top_p, ref_model_ctx=ref_ctx,
                         chunk_tokens=cfg.logprob_chunk_tokens, backend=backend,
+                        plan=lambda b: plan_micro_batches(accelerator, cfg, b),  # the loss's passes
                     )  # fmt: skip
             t_gen = time.perf_counter() - t0
 
