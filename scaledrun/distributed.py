@@ -48,38 +48,107 @@ def full_params(accelerator: Any, model: Any) -> Any:
     """A context in which the unwrapped model holds its full parameters (generation, no-grad passes).
 
     DDP and one process: nothing to do. DeepSpeed ZeRO-3 and FSDP shard the parameters: gather them
-    (each GPU then holds the whole model for the duration). The ZeRO-3/FSDP branches are not exercised
-    by this project's CPU tests (see ``scaledrun/accelerate/*.yaml``).
+    (each GPU then holds the whole model for the duration). FSDP2 is recognised by the model itself (a
+    ``fully_shard`` root), whatever the accelerator says: ``fsdp2_unsharded``, tested with 2 gloo
+    processes on CPU (tests/scaledrun/test_fsdp_train.py). The ZeRO-3 (``zero3_gathered``) and FSDP1
+    branches are not run by this project's tests (no DeepSpeed, no GPU).
     """
     from accelerate.utils import DistributedType
+    from torch.distributed.fsdp import FSDPModule
 
     kind = accelerator.distributed_type
     if kind == DistributedType.DEEPSPEED and accelerator.state.deepspeed_plugin.zero_stage == 3:
-        import deepspeed
-
-        return deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None)
+        return zero3_gathered(model)
+    if isinstance(model, FSDPModule):
+        return fsdp2_unsharded(model)
     if kind == DistributedType.FSDP:
         if getattr(accelerator, "is_fsdp2", False):
-            return _fsdp2_unsharded(model)
+            raise ValueError(
+                f"FSDP2: the prepared model ({type(model).__name__}) is not a fully_shard module: pass the model "
+                "that accelerator.prepare returned"
+            )
         from torch.distributed.fsdp import FullyShardedDataParallel
 
         return FullyShardedDataParallel.summon_full_params(model, writeback=False, recurse=True)
     return nullcontext()
 
 
+def fsdp2_init_root(model: Any) -> None:
+    """Make ``model`` (the ``fully_shard`` root) FSDP2's root, before any submodule runs a forward.
+
+    FSDP2 picks its root lazily: the first unit whose forward runs. ``generate`` never calls the root's
+    forward (PEFT's ``generate`` runs the transformers model inside it), so without this the first unit
+    of the decoder would become the root: a tied (embedding, LM head) group raises "FSDP requires a single
+    root module", an untied embedding becomes a wrong root and the next root forward raises "FSDP state
+    has already been lazily initialized". A no-op once the root is initialised. torch has no public
+    call for it (2.13): this is the call the root's first forward makes.
+    """
+    model._get_fsdp_state()._lazy_init()
+
+
 @contextmanager
-def _fsdp2_unsharded(model: Any) -> Iterator[None]:
-    """Every ``fully_shard`` module of ``model`` holds its whole parameters inside (FSDP2)."""
+def fsdp2_unsharded(model: Any) -> Iterator[None]:
+    """Every ``fully_shard`` unit of ``model`` holds its whole parameters inside (FSDP2), gathered once.
+
+    The root is initialised first (``fsdp2_init_root``), every unit is all-gathered once, and resharding
+    after forward is off inside: otherwise each unit's post-forward hook frees its parameters and every
+    generated token all-gathers every layer again. Each unit's own setting is restored on the way out,
+    then every unit is resharded.
+    """
     from torch.distributed.fsdp import FSDPModule
 
+    fsdp2_init_root(model)
     modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
-    for m in modules:
-        m.unshard()
+    states = list({id(s): s for s in (m._get_fsdp_state() for m in modules)}.values())
+    saved = [
+        (s, s._auto_reshard_after_forward, [g.post_forward_mesh_info for g in s._fsdp_param_groups])
+        for s in states
+    ]
     try:
+        for m in modules:
+            m.set_reshard_after_forward(False, recurse=False)
+        for m in modules:
+            m.unshard()
         yield
     finally:
+        for s, auto, infos in saved:
+            s._auto_reshard_after_forward = auto
+            for g, info in zip(s._fsdp_param_groups, infos, strict=True):
+                g.post_forward_mesh_info = info
         for m in modules:
             m.reshard()
+
+
+@contextmanager
+def zero3_gathered(engine: Any) -> Iterator[None]:
+    """DeepSpeed ZeRO-3: every parameter gathered, and ZeRO-3's module hooks off, for the call.
+
+    ``GatheredParameters`` alone leaves the hooks ZeRO-3 puts on every module, which fetch and release
+    parameters around each submodule's forward, at every generated token. So inside the gathered
+    context the hooks are removed (and no parameter is marked in use by a submodule), and they are put
+    back by ZeRO-3's own registration before the parameters are released, the way TRL unwraps a ZeRO-3
+    model for generation. UNTESTED: DeepSpeed is not installed here and ZeRO-3 needs GPUs.
+    """
+    import deepspeed
+
+    owner = getattr(engine.optimizer, "parameter_offload", engine.optimizer)  # the holder of the hooks
+    if owner is None:
+        raise RuntimeError(
+            "ZeRO-3 generation: the DeepSpeed engine has no optimizer (prepare the model with its optimizer)"
+        )
+    with deepspeed.zero.GatheredParameters(list(engine.parameters()), modifier_rank=None):
+        for module in owner.module.modules():
+            external = [p for _, p in getattr(module, "ds_external_parameters", list)()]
+            for p in [*module.parameters(recurse=False), *external]:
+                p.ds_active_sub_modules.clear()
+        for hook in [*owner.forward_hooks, *owner.backward_hooks]:
+            hook.remove()
+        owner.forward_hooks, owner.backward_hooks = [], []
+        try:
+            yield
+        finally:  # DeepSpeed >= 0.16.4 renamed its registration
+            register = getattr(owner, "_register_deepspeed_module", None) or owner._register_hooks_recursively
+            register(owner.module)
 
 
 def deepspeed_micro_batch(accelerator: Any) -> None:
