@@ -124,14 +124,18 @@ def _plain_logp(model, b: LMBatch) -> torch.Tensor:
 def test_flattening_matches_the_trainers_scorer(batch):
     b = batch
     t = b.completion_mask.shape[1]
-    ref = completion_logprobs(
-        b.model,
-        b.input_ids,
-        b.attention_mask,
-        t,
-        temperature=b.temperature,
-        completion_mask=b.completion_mask,
-    )["logp"]
+
+    def scored():  # the trainer's scorer on the batch
+        return completion_logprobs(
+            b.model,
+            b.input_ids,
+            b.attention_mask,
+            t,
+            temperature=b.temperature,
+            completion_mask=b.completion_mask,
+        )["logp"]
+
+    ref = scored()
     valid = b.completion_mask.bool()
     assert b.n_tokens == int(valid.sum())
     # row-major over the mask: (row, pos) strictly increasing lexicographically
@@ -147,14 +151,7 @@ def test_flattening_matches_the_trainers_scorer(batch):
     # the flattening itself, in float64 (norms included): the scorer's (row, pos) entries at FLOAT64_RTOL
     with float64_norms(b.model), torch.no_grad():
         logits, _ = b._logits()
-        ref64 = completion_logprobs(
-            b.model,
-            b.input_ids,
-            b.attention_mask,
-            t,
-            temperature=b.temperature,
-            completion_mask=b.completion_mask,
-        )["logp"]
+        ref64 = scored()
     mine = torch.log_softmax(logits, -1).gather(-1, b.completion_ids.unsqueeze(-1)).squeeze(-1)
     assert max_rel_diff(mine[b.row, b.pos], ref64[valid]) <= FLOAT64_RTOL
     torch.testing.assert_close(b.probs_taken, b.logp.exp())
