@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .backends import HFBackend, RolloutBackend, Sampling, stop_token_ids
-from .scoring import completion_scores
+from .scoring import at_least_float32, completion_scores
 
 #: Positions per LM-head chunk when a caller does not say (the config's ``logprob_chunk_tokens`` default).
 DEFAULT_CHUNK_TOKENS = 128
@@ -223,7 +223,7 @@ def completion_logprobs(
     )
     # the logit at position k predicts token k + 1: the completion tokens are predicted from P − 1 .. L − 2
     logits = out.logits[:, -completion_len - 1 : -1, :]
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # float64 stays float64
+    logits = logits.to(at_least_float32(logits.dtype))  # float64 stays float64
     if temperature != 1.0:
         logits = logits / temperature  # the policy that sampled: softmax(logits / T)
     targets = input_ids[:, -completion_len:]
@@ -237,7 +237,7 @@ def completion_logprobs(
             res["entropy"] = -(probs * logsm.detach()).sum(-1)
         res["probs"] = probs
         h = out.hidden_states[-1][:, -completion_len - 1 : -1, :]
-        h = h.to(torch.promote_types(h.dtype, torch.float32))
+        h = h.to(at_least_float32(h.dtype))
         res["hidden_norm"] = h.norm(dim=-1)
     return res
 

@@ -86,8 +86,8 @@ def _compute_dtype(h: Tensor) -> torch.dtype:
     return h.dtype
 
 
-def _result_dtype(compute: torch.dtype) -> torch.dtype:
-    """The dtype of the log-probs and their reductions: float32, or float64 for a float64 model (the
+def at_least_float32(compute: torch.dtype) -> torch.dtype:
+    """The dtype of log-probs, rewards and their reductions: float32, or float64 for a float64 model (the
     exactness tests run the trainer in float64, where rounding cannot decide a comparison)."""
     return torch.promote_types(compute, torch.float32)
 
@@ -103,7 +103,7 @@ class _ChunkLogits:
     """
 
     def __init__(self, rows: int, vocab: int, dtype: torch.dtype, device: torch.device, temperature: float):
-        result = _result_dtype(dtype)
+        result = at_least_float32(dtype)
         self.z = torch.empty(rows, vocab, dtype=result, device=device)
         self.low = None if dtype == result else torch.empty(rows, vocab, dtype=dtype, device=device)
         self.temperature = temperature
@@ -160,7 +160,7 @@ class ChunkedTokenLogprob(torch.autograd.Function):
         device_type = hidden.device.type
         w = weight.to(dtype)  # once per pass (a no-op without autocast)
         b = None if bias is None else bias.to(dtype)
-        logp = torch.empty(n, dtype=_result_dtype(dtype), device=hidden.device)
+        logp = torch.empty(n, dtype=at_least_float32(dtype), device=hidden.device)
         lse = torch.empty_like(logp)
         entropy = torch.empty_like(logp) if with_entropy else None
         rows = min(chunk_tokens, n)
@@ -205,7 +205,7 @@ class ChunkedTokenLogprob(torch.autograd.Function):
         dtype, temperature = ctx.dtype, ctx.temperature
         w = weight.to(dtype)
         b = None if bias is None else bias.to(dtype)
-        acc = _result_dtype(dtype)
+        acc = at_least_float32(dtype)
         grad_logp = grad_logp.to(acc)
         grad_h = torch.empty_like(hidden) if need_h else None
         # float32 (float64) accumulators over the chunks (the same tensor as the result for such a weight)

@@ -156,6 +156,7 @@ from .rundir import (
     watch_parent,
 )
 from .runlog import RunLogger, read_metrics, run_summary, score_stats, truncation_warning
+from .scoring import at_least_float32
 from .tasks import reward_columns
 
 #: Keys of every training row (eval rows add ``eval/greedy_accuracy`` and ``eval/avg@k``, and
@@ -632,7 +633,7 @@ def _train(
 
             # ---- 2. rewards, truncation, group-relative advantages (DFPO eq. 43) over the rows in the loss
             failures = 0
-            fdtype = torch.promote_types(batch.old_logp.dtype, torch.float32)
+            fdtype = at_least_float32(batch.old_logp.dtype)
             # each reward function's own values (rows × functions; NaN on a replayed batch: not scored here)
             terms = torch.full((len(batch), len(reward_fns)), math.nan, device=batch.group.device)
             if not replayed:
