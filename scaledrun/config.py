@@ -269,8 +269,22 @@ class RunConfig:
     not the sampling distribution."""
     rollout_backend: str = "hf"
     """Where rollouts are sampled (``scaledrun.backends.BACKENDS``): ``hf``, transformers' ``generate``
-    on the training model. The trainer always recomputes the old log-probs itself, so the ratio is
-    exact whatever the backend."""
+    on the training model; ``paged``, transformers' continuous batching (``generate_batch``: a paged KV
+    cache, the G samples of a prompt forked from its prefix) on the same model. The trainer always
+    recomputes the old log-probs itself, so the ratio is exact whatever the backend."""
+    rollout_merge: bool = False
+    """Merge the LoRA adapter into the base weights for each generation call (about half the kernel
+    launches of a decode step), then restore the base bit-exactly (the saved base tensors copied back,
+    no unmerge arithmetic; one copy of the adapted weights meanwhile). Needs an adapter: refused with
+    ``full_finetune``."""
+    generation_cache: str = "dynamic"
+    """The ``hf`` backend's KV cache: ``dynamic`` (grows per token) or ``static`` (transformers' static
+    cache of prompt + ``max_new_tokens`` tokens rounded up to 64, every call padded with dummy rows to
+    ``generation_batch_size`` rows, so the shapes repeat and a compiled decode compiles once)."""
+    compile_decode: bool = False
+    """Compile the static cache's decode step (transformers' ``CompileConfig``, CUDA graphs). Needs
+    ``generation_cache`` static and a CUDA/XPU device: refused on CPU, where transformers would not
+    compile it."""
 
     # ---- optimizer and schedule
     lr: float = 1e-3
@@ -478,9 +492,19 @@ class RunConfig:
             bad("logprob_chunk_tokens", "must be ≥ 1")
         if self.flip_every is not None and self.flip_every < 0:
             bad("flip_every", "must be ≥ 0 (0: never; None: every `eval_every` steps)")
-        from .backends import BACKENDS
+        from .backends import BACKENDS, CACHES
 
         choice("rollout_backend", list(BACKENDS))
+        choice("generation_cache", list(CACHES))
+        if self.rollout_merge and self.full_finetune:
+            bad("rollout_merge", "needs a LoRA adapter to merge; full_finetune has none (set it false)")
+        if self.compile_decode and self.generation_cache != "static":
+            bad("compile_decode", "needs generation_cache static (a dynamic cache cannot be compiled once)")
+        if self.rollout_backend == "paged" and (self.generation_cache != "dynamic" or self.compile_decode):
+            bad(
+                "generation_cache",
+                "the paged backend has its own cache: leave it dynamic, compile_decode false",
+            )
         if self.generation_batch_size is not None and self.generation_batch_size < 1:
             bad("generation_batch_size", "must be ≥ 1 (or None: all rows at once)")
         if self.save_total_limit is not None and self.save_total_limit < 1:

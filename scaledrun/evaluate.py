@@ -133,7 +133,14 @@ def evaluate(
         prompts = [
             format_prompt(tokenizer, t.prompt, cfg.system_prompt, cfg.chat_template_kwargs) for t in padded
         ]
-        backend = make_backend(cfg.rollout_backend, unwrapped, cfg.generation_batch_size)
+        backend = make_backend(
+            cfg.rollout_backend,
+            unwrapped,
+            cfg.generation_batch_size,
+            merge=cfg.rollout_merge,
+            cache=cfg.generation_cache,
+            compile_decode=cfg.compile_decode,
+        )
         k = cfg.eval_k
         greedy = generate_texts(
             unwrapped, tokenizer, prompts, n=1, max_new_tokens=cfg.max_new_tokens, do_sample=False,

@@ -598,7 +598,14 @@ def _train(
     logger = RunLogger(out_dir, cfg.steps, enabled=accelerator.is_main_process, resume_step=start)
     unwrapped = accelerator.unwrap_model(model)
     ref_ctx = unwrapped.disable_adapter if cfg.beta > 0 else None
-    backend = make_backend(cfg.rollout_backend, unwrapped, cfg.generation_batch_size)
+    backend = make_backend(
+        cfg.rollout_backend,
+        unwrapped,
+        cfg.generation_batch_size,
+        merge=cfg.rollout_merge,
+        cache=cfg.generation_cache,
+        compile_decode=cfg.compile_decode,
+    )
     rows: list[dict[str, float]] = []
     reward_fns = list(dict.fromkeys(parse_reward_names(cfg.reward)))  # one ``rewards/<name>/mean`` each
     warned_truncation = False

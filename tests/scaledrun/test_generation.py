@@ -160,7 +160,7 @@ def test_generate_texts_with_a_chunked_backend(loaded):
 
 def test_backend_names_and_errors(loaded):
     model, _, _ = loaded
-    assert set(BACKENDS) == {"hf"} and isinstance(make_backend("hf", model, 4), HFBackend)
+    assert set(BACKENDS) == {"hf", "paged"} and isinstance(make_backend("hf", model, 4), HFBackend)
     with pytest.raises(ValueError, match="rollout_backend"):
         make_backend("vllm", model)
     with pytest.raises(ValueError, match="rollout_backend"):
