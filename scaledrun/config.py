@@ -46,6 +46,8 @@ from .tasks import RESERVED_TEMPLATE_KWARGS, source_problems
 DTYPES = ("float32", "bfloat16", "float64")
 #: Valid ``truncation`` values (see the field's docstring).
 TRUNCATIONS = ("mask", "failure_reward", "keep")
+#: Valid ``attn_implementation`` values (transformers' names; None is transformers' default).
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3")
 #: ``reward``'s default: ``reward_file`` replaces it (any other value must name the file's function).
 DEFAULT_REWARD = "exact_match"
 #: String fields that may be given as a list (YAML, Python): the names are joined with commas.
@@ -260,6 +262,17 @@ class RunConfig:
     eval): log-probs by logsumexp over the vocabulary, chunk by chunk, recomputed in the backward pass
     (``scaledrun.scoring``). Peak extra memory ≈ a few × chunk × vocabulary × 4 bytes, whatever the
     batch; a larger chunk is faster on a GPU. Exact: the values do not depend on it."""
+    padding_free: bool = False
+    """Padding-free scoring passes (old, reference and loss): the rows of a pass, padding removed, are
+    packed into one sequence whose ``position_ids`` restart at 0 for each row, so that transformers builds
+    the packed-sequence (block-diagonal causal) attention mask under ``eager`` / ``sdpa`` and runs
+    flash-attention's variable-length kernel under ``flash_attention_2``. The log-probs are those of the
+    padded pass (tests/scaledrun/test_padding_free.py); ``max_tokens_per_micro_batch`` then counts real
+    tokens instead of padded slots. Off: each pass is a padded (rows, width) batch."""
+    attn_implementation: str | None = None
+    """The attention kernel the model is loaded with (``from_pretrained(attn_implementation=...)``):
+    ``eager``, ``sdpa``, ``flash_attention_2`` (needs the ``flash-attn`` package and a GPU) or
+    ``flash_attention_3``; None: transformers' default (``sdpa`` where torch has it)."""
     flip_every: int | None = None
     """Token-flip diagnostics (``flip/*``, one extra no-grad pass over the last mini-batch) every this
     many steps; None: on the eval cadence (``eval_every``); 0: never. Other steps log them as NaN."""
@@ -490,6 +503,8 @@ class RunConfig:
                 bad("max_tokens_per_micro_batch", "set it or `micro_batch_size`, not both")
         if self.logprob_chunk_tokens < 1:
             bad("logprob_chunk_tokens", "must be ≥ 1")
+        if self.attn_implementation is not None:
+            choice("attn_implementation", ATTN_IMPLEMENTATIONS)
         if self.flip_every is not None and self.flip_every < 0:
             bad("flip_every", "must be ≥ 0 (0: never; None: every `eval_every` steps)")
         from .backends import BACKENDS, CACHES

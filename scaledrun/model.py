@@ -2,8 +2,8 @@
 
 - ``check_model_source``: a model that can be neither read nor fetched fails at once, naming the local
   model folders (before the run folder is touched; ``scaledrun.train``);
-- ``load_model``: ``from_pretrained`` in the config's dtype, gradient checkpointing, the LoRA adapter
-  (``lora_config``) unless full fine-tuning;
+- ``load_model``: ``from_pretrained`` in the config's dtype and attention kernel, gradient checkpointing,
+  the LoRA adapter (``lora_config``) unless full fine-tuning;
 - ``master_fp32``, ``compute_precision``: full fine-tuning in bfloat16 keeps float32 master weights and
   runs its passes under bfloat16 autocast;
 - ``build_optimizer``: AdamW and the warm-up + cosine schedule.
@@ -60,7 +60,7 @@ def compute_precision(cfg: RunConfig, device: torch.device) -> Any:
 
 
 def load_model(cfg: RunConfig) -> Any:
-    """``from_pretrained`` (dtype from the config), LoRA unless full fine-tuning.
+    """``from_pretrained`` (dtype and ``attn_implementation`` from the config), LoRA unless full fine-tuning.
 
     Full fine-tuning in bfloat16 loads float32 weights (``master_fp32``): the passes then run under
     bfloat16 autocast (``compute_precision``).
@@ -69,7 +69,10 @@ def load_model(cfg: RunConfig) -> Any:
 
     dtype = torch.float32 if master_fp32(cfg) else getattr(torch, cfg.dtype)
     try:  # ``train`` has checked the source already (``check_model_source``)
-        model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=dtype)
+        # attn_implementation None: transformers' default (sdpa); padding-free passes work under every kernel
+        model = AutoModelForCausalLM.from_pretrained(
+            cfg.model, dtype=dtype, attn_implementation=cfg.attn_implementation
+        )
     except OSError as err:
         raise FileNotFoundError(f"config field `model`={cfg.model!r} could not be loaded: {err}") from err
     if cfg.gradient_checkpointing:

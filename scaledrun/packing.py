@@ -21,8 +21,12 @@ mini-batch into micro-batches whose padded cost stays within that budget:
 The grouping only decides which rows share a forward pass: the trainer computes the coefficients
 ∂J/∂logp of the whole mini-batch first, so the accumulated gradient is the one-pass gradient whatever the
 packing (tests/scaledrun/test_packing.py checks it to 1e-6, for groups larger than the budget too).
-This is the idea of verl's ``rearrange_micro_batches`` (dynamic batch size) without its sequence packing:
-rows stay padded, so the budget counts padding too and is a bound on the activations of each pass.
+This is the idea of verl's ``rearrange_micro_batches`` (dynamic batch size). Rows stay padded by
+default, so the budget counts padding too and is a bound on the activations of each pass. With padding-free
+passes (config ``padding_free``: each pass's rows packed into one sequence, ``scoring.packed_inputs``) a
+pass holds only its real tokens, and every cost above is ``real_tokens`` (Σ prompt + completion lengths)
+instead of ``padded_tokens``: the same steps, so the plan is as deterministic and as equal in pass count
+across processes.
 """
 
 from __future__ import annotations
@@ -55,8 +59,17 @@ class RowLengths:
             return 0
         return int(rows.numel() * (self.prompt[rows].max() + self.completion[rows].max()))
 
+    def real_tokens(self, rows: Tensor | list[int]) -> int:
+        """Σ (prompt + completion length) of ``rows``: the tokens of one padding-free pass over them."""
+        rows = torch.as_tensor(rows, dtype=torch.long)
+        return int((self.prompt[rows] + self.completion[rows]).sum())
 
-def _units(lengths: RowLengths, group: Tensor, budget: int) -> list[list[int]]:
+    def tokens(self, rows: Tensor | list[int], padding_free: bool = False) -> int:
+        """The cost of one pass over ``rows``: ``real_tokens`` if ``padding_free``, else ``padded_tokens``."""
+        return self.real_tokens(rows) if padding_free else self.padded_tokens(rows)
+
+
+def _units(lengths: RowLengths, group: Tensor, budget: int, padding_free: bool = False) -> list[list[int]]:
     """Whole groups (rows sorted by length, longest first), cut where one exceeds ``budget``."""
     total = lengths.prompt + lengths.completion
     units: list[list[int]] = []
@@ -65,7 +78,7 @@ def _units(lengths: RowLengths, group: Tensor, budget: int) -> list[list[int]]:
         rows = rows[torch.argsort(total[rows], descending=True, stable=True)].tolist()
         run: list[int] = []
         for r in rows:
-            if run and lengths.padded_tokens([*run, r]) > budget:
+            if run and lengths.tokens([*run, r], padding_free) > budget:
                 units.append(run)
                 run = []
             run.append(r)
@@ -73,25 +86,29 @@ def _units(lengths: RowLengths, group: Tensor, budget: int) -> list[list[int]]:
     return units
 
 
-def pack_rows(lengths: RowLengths, group: Tensor, budget: int) -> list[Tensor]:
+def pack_rows(lengths: RowLengths, group: Tensor, budget: int, *, padding_free: bool = False) -> list[Tensor]:
     """The micro-batches (row indices, each sorted ascending) of one mini-batch under a token ``budget``.
 
-    Every row is in exactly one micro-batch; each micro-batch's ``padded_tokens`` is ≤ ``budget``
-    unless it is a single row longer than the budget. Deterministic (no RNG): every process and every
-    rerun packs the same rows the same way.
+    Every row is in exactly one micro-batch; each micro-batch's ``padded_tokens`` (``padding_free``:
+    ``real_tokens``) is ≤ ``budget`` unless it is a single row longer than the budget. Deterministic (no
+    RNG): every process and every rerun packs the same rows the same way.
     """
     if budget < 1:
         raise ValueError(f"max_tokens_per_micro_batch must be ≥ 1, got {budget}")
-    units = _units(lengths, group, budget)
+    units = _units(lengths, group, budget, padding_free)
+
+    def cost(rows: list[int]) -> int:
+        return lengths.tokens(rows, padding_free)
+
     width = lengths.prompt + lengths.completion
     units.sort(key=lambda u: (-int(width[u].max()), u[0]))
     bins: list[list[int]] = []
     for unit in units:
         best, best_cost = None, None
         for k, b in enumerate(bins):
-            cost = lengths.padded_tokens(b + unit)
-            if cost <= budget and (best_cost is None or cost - lengths.padded_tokens(b) < best_cost):
-                best, best_cost = k, cost - lengths.padded_tokens(b)
+            new = cost(b + unit)
+            if new <= budget and (best_cost is None or new - cost(b) < best_cost):
+                best, best_cost = k, new - cost(b)
         if best is None:
             bins.append(list(unit))
         else:
@@ -99,10 +116,12 @@ def pack_rows(lengths: RowLengths, group: Tensor, budget: int) -> list[Tensor]:
     return [torch.tensor(sorted(b), dtype=torch.long) for b in bins]
 
 
-def balance_bins(bins: list[Tensor], count: int, lengths: RowLengths) -> list[Tensor | None]:
+def balance_bins(
+    bins: list[Tensor], count: int, lengths: RowLengths, *, padding_free: bool = False
+) -> list[Tensor | None]:
     """``bins`` made exactly ``count`` long (``count`` ≥ ``len(bins)``, the largest over processes).
 
-    The bin with the largest padded cost that has ≥ 2 rows is halved (its rows sorted by length) until
+    The bin with the largest cost (padded; ``padding_free``: real tokens) that has ≥ 2 rows is halved (its rows sorted by length) until
     there are ``count`` bins; if no bin can be split, ``None`` entries (empty passes) fill the rest.
     """
     if count < len(bins):
@@ -114,7 +133,7 @@ def balance_bins(bins: list[Tensor], count: int, lengths: RowLengths) -> list[Te
         if not splittable:
             out.extend([None] * (count - len(out)))
             break
-        k = max(splittable, key=lambda j: (lengths.padded_tokens(out[j]), -j))  # type: ignore[arg-type]
+        k = max(splittable, key=lambda j: (lengths.tokens(out[j], padding_free), -j))  # type: ignore[arg-type]
         rows = out[k]
         assert rows is not None
         rows = rows[torch.argsort(total[rows], descending=True, stable=True)]

@@ -186,6 +186,7 @@ def completion_logprobs(
     with_hidden: bool = False,
     completion_mask: Tensor | None = None,
     chunk_tokens: int | None = None,
+    padding_free: bool = False,
 ) -> dict[str, Tensor]:
     """Log-probs of the last ``completion_len`` tokens of ``input_ids`` under ``model`` at ``temperature``.
 
@@ -205,6 +206,8 @@ def completion_logprobs(
             state (the energy-by-bucket proxy needs both; costly for a large vocabulary).
         completion_mask: (B, T) the positions to score (None: all); the others get log-prob 0.
         chunk_tokens: positions per chunk of the LM head (None: ``DEFAULT_CHUNK_TOKENS``).
+        padding_free: the rows packed into one sequence, padding removed (``scoring.packed_inputs``; config
+            ``padding_free``); the same values. ``with_hidden`` (a diagnostic) always runs padded.
     Returns:
         a dict with ``logp`` (B, T) float32 (carries the gradient when grad is enabled) and the extras.
     """
@@ -212,7 +215,7 @@ def completion_logprobs(
         return completion_scores(
             model, input_ids, attention_mask, completion_len, temperature=temperature,
             completion_mask=completion_mask, with_entropy=with_entropy,
-            chunk_tokens=chunk_tokens or DEFAULT_CHUNK_TOKENS,
+            chunk_tokens=chunk_tokens or DEFAULT_CHUNK_TOKENS, padding_free=padding_free,
         )  # fmt: skip
     out = model(
         input_ids=input_ids,
@@ -277,6 +280,7 @@ def generate_rollouts(
     chunk_tokens: int | None = None,
     backend: RolloutBackend | None = None,
     plan: Callable[[RolloutBatch], list[Tensor | None]] | None = None,
+    padding_free: bool = False,
 ) -> tuple[RolloutBatch, dict[str, float]]:
     """G = ``num_generations`` completions for each (already chat-formatted) prompt.
 
@@ -291,7 +295,8 @@ def generate_rollouts(
     as TRL and verl do), scored by the trainer whatever the backend. The completion mask runs through the
     first stop token for every row, truncated or not (``truncated`` marks them). Returns the batch and
     its diagnostics (``entropy``: the mean token entropy of the sampling policy on the sampled tokens;
-    ``completion_length``; ``truncated_frac``).
+    ``completion_length``; ``truncated_frac``). ``padding_free``: the scoring passes packed
+    (``score_completions``).
     """
     was_training = model.training
     model.eval()
@@ -316,7 +321,7 @@ def generate_rollouts(
         answers=[a for a in answers for _ in range(num_generations)],
         group_ids=[g for g in group_ids for _ in range(num_generations)],
         temperature=temperature if do_sample else 1.0, ref_model_ctx=ref_model_ctx, chunk_size=chunk_size,
-        chunk_tokens=chunk_tokens, plan=plan,
+        chunk_tokens=chunk_tokens, plan=plan, padding_free=padding_free,
     )  # fmt: skip
     if was_training:
         model.train()
@@ -331,6 +336,7 @@ def _score_pass(
     chunk_tokens: int | None,
     *,
     with_entropy: bool,
+    padding_free: bool = False,
 ) -> dict[str, Tensor]:
     """One scoring forward over ``batch``'s ``rows``, trimmed to their longest prompt and completion.
 
@@ -347,7 +353,7 @@ def _score_pass(
     r = completion_logprobs(
         model, batch.input_ids[idx, p - keep_p : p + keep_t], am[:, p - keep_p : p + keep_t], keep_t,
         temperature=temperature, with_entropy=with_entropy, chunk_tokens=chunk_tokens,
-        completion_mask=torch.zeros_like(cmask) if rows is None else cmask,
+        completion_mask=torch.zeros_like(cmask) if rows is None else cmask, padding_free=padding_free,
     )  # fmt: skip
     return {k: r[k] for k in (("logp", "entropy") if with_entropy else ("logp",))}
 
@@ -368,6 +374,7 @@ def score_completions(
     chunk_size: int | None = None,
     chunk_tokens: int | None = None,
     plan: Callable[[RolloutBatch], list[Tensor | None]] | None = None,
+    padding_free: bool = False,
 ) -> tuple[RolloutBatch, dict[str, float]]:
     """The ``RolloutBatch`` of given completions: what ``generate_rollouts`` returns after sampling.
 
@@ -387,6 +394,8 @@ def score_completions(
             ``chunk_size`` rows (None: one pass over all rows). Each pass is trimmed to its own longest
             prompt and completion, so under a token budget no scoring forward holds more token slots than
             the loss passes do.
+        padding_free: each pass's rows packed into one sequence, padding removed (config ``padding_free``;
+            ``completion_logprobs``): the same log-probs.
 
     The completion mask, the truncation flags, the old (and reference) log-probs at ``temperature``
     and the diagnostics are computed exactly as for sampled completions, so a test can build the batch
@@ -431,7 +440,10 @@ def score_completions(
     for rows in passes:  # the reference pass right after the old one over the same rows, as in the loss plan
         for name, ctx in scorers:
             with ctx():
-                r = _score_pass(model, batch, rows, temperature, chunk_tokens, with_entropy=name == "old")
+                r = _score_pass(
+                    model, batch, rows, temperature, chunk_tokens, with_entropy=name == "old",
+                    padding_free=padding_free,
+                )  # fmt: skip
             for key, v in r.items():
                 k = name if key == "logp" else key
                 if k not in out:

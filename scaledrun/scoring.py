@@ -29,11 +29,20 @@ vocabulary (V = 151,936) one (B, T, V) fp32 copy at B = 2, T = 512 is already 0.
   makes it robust to sharding: FSDP (1 and 2) and ZeRO-3 hold the unsharded weight only inside the
   forward of the module that owns it, and re-gather it for the backward through hooks on that forward's
   outputs, which here are the log-probs themselves.
+- ``completion_scores(..., padding_free=True)``: the same values from one packed sequence (``packed_inputs``):
+  the rows' real tokens one after another (batch dimension 1), ``position_ids`` restarting at 0 for each
+  row and no attention mask, from which transformers builds the packed-sequence (block-diagonal causal)
+  mask (``masking_utils.find_packed_sequence_indices``: eager, sdpa) or flash-attention's variable-length
+  kernel (``flash_attention_2``). ``logits_to_keep`` is then the 1-D tensor of the positions that score a
+  completion token, so the head (the same replacement) still sees only the scored positions.
 
 What is assumed of the model
 ----------------------------
 A Hugging Face causal LM whose forward takes ``logits_to_keep`` and computes its logits as
-``get_output_embeddings()(last_hidden_states[:, -logits_to_keep:])``, where the output embeddings are an
+``get_output_embeddings()(last_hidden_states[:, -logits_to_keep:])`` (padding-free: with a 1-D tensor
+``logits_to_keep``, ``last_hidden_states[:, logits_to_keep]``, as transformers' ``slice_logits_to_keep``
+does; the packed-sequence masks from ``position_ids`` are checked with transformers 5.24), where the output
+embeddings are an
 ``nn.Linear`` (tied to the input embeddings or not) with floating-point weights, and applies nothing to
 the logits afterwards. True for Qwen2 / Qwen2.5 / Qwen3 (dense and MoE) and Llama. A model that rescales
 or soft-caps its logits (``final_logit_softcapping``: Gemma 2/3; ``logit_scale``: Cohere;
@@ -336,6 +345,36 @@ def _head_forward(head: torch.nn.Module, forward: Callable[[Tensor], Tensor]) ->
             del head.forward
 
 
+def packed_inputs(
+    input_ids: Tensor, attention_mask: Tensor, completion_len: int, scored: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """One packed sequence of the rows' real tokens: (ids (1, N), position_ids (1, N), keep (K,)).
+
+    Row r's tokens where ``attention_mask`` is 1, in order, follow row r − 1's; ``position_ids`` count
+    0, 1, … within each row (what the padded pass's ``position_ids_from_mask`` gives its real tokens), and
+    ``keep`` holds, for each ``scored`` (B, T) completion token in row-major order, the packed index of the
+    token before it in its row (whose hidden state predicts it). A scored token must be real and have a
+    real token before it in its row.
+    """
+    real = attention_mask.bool()
+    within = real.long().cumsum(1) - 1  # each real token's index within its row
+    lengths = real.sum(1)
+    offset = lengths.cumsum(0) - lengths  # where each row starts in the packed sequence
+    t = completion_len
+    if bool((scored & ~real[:, -t:]).any()):
+        raise ValueError(
+            "padding-free scoring: a scored completion token is padding (attention_mask 0 where "
+            "completion_mask is 1)"
+        )
+    comp_within = within[:, -t:]
+    if bool((scored & (comp_within < 1)).any()):
+        raise ValueError(
+            "padding-free scoring: a scored completion token has no real token before it in its row"
+        )
+    keep = (offset[:, None] + comp_within - 1)[scored]
+    return input_ids[real][None], within[real][None], keep
+
+
 def completion_scores(
     model: Any,
     input_ids: Tensor,
@@ -346,6 +385,7 @@ def completion_scores(
     completion_mask: Tensor | None = None,
     with_entropy: bool = False,
     chunk_tokens: int = 128,
+    padding_free: bool = False,
 ) -> dict[str, Tensor]:
     """log π (and the entropy) of the last ``completion_len`` tokens of ``input_ids`` at ``temperature``.
 
@@ -362,6 +402,8 @@ def completion_scores(
             and carry no gradient); None scores all B·T positions.
         with_entropy: also return the policy's entropy at each scored position.
         chunk_tokens: scored positions per chunk of the LM head (config ``logprob_chunk_tokens``).
+        padding_free: run the model on one packed sequence of the rows' real tokens (``packed_inputs``)
+            instead of the padded (B, L) batch (config ``padding_free``); the same values.
     Returns:
         ``logp`` (B, T) float32 (carries the gradient when grad is enabled), and with ``with_entropy``
         ``entropy`` (B, T) float32 (no gradient); both 0 at positions not scored.
@@ -389,22 +431,39 @@ def completion_scores(
     targets = input_ids[:, -t:]
     scored = torch.ones_like(targets, dtype=torch.bool) if completion_mask is None else completion_mask.bool()
     result: dict[str, Tensor] = {}
+    if padding_free:
+        ids, positions, keep_index = packed_inputs(input_ids, attention_mask, t, scored)
+        expected = (1, keep_index.numel())
+        inputs = {"input_ids": ids, "attention_mask": None, "position_ids": positions}
+        to_keep: int | Tensor = keep_index
+    else:
+        expected = (rows, t + 1)
+        inputs = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": position_ids_from_mask(attention_mask),
+        }
+        to_keep = t + 1
 
     def score(hidden: Tensor) -> Tensor:
-        """The head's replacement: hidden (B, T + 1, d) -> logp (B, T) float32 (the model's ``logits``)."""
-        if hidden.shape[:2] != (rows, t + 1):
+        """The head's replacement: hidden (B, T + 1, d) (packed: (1, K, d), the K scored positions) ->
+        logp (B, T) float32 (the model's ``logits``)."""
+        if hidden.shape[:2] != expected:
             raise ValueError(
-                f"the model gave its LM head hidden states of shape {tuple(hidden.shape)}, not (B, T + 1, d) = "
-                f"({rows}, {t + 1}, d): its forward does not slice by `logits_to_keep` as completion_scores assumes"
+                f"the model gave its LM head hidden states of shape {tuple(hidden.shape)}, not {expected} + (d,): "
+                f"its forward does not slice by `logits_to_keep` as completion_scores assumes"
             )
         if _is_dtensor(head.weight):
             raise ValueError(
                 "completion_scores needs the LM head's whole weight inside its forward; it is a DTensor here "
                 "(tensor parallelism?)"
             )
-        # the hidden state at position k predicts token k + 1: positions L − T − 1 .. L − 2 score the T tokens
         keep = scored.to(hidden.device)
-        h = hidden[:, :t][keep]  # (N, d)
+        if padding_free:
+            h = hidden[0]  # (N, d): exactly the scored positions, in row-major order
+        else:
+            # the hidden state at position k predicts token k + 1: positions L − T − 1 .. L − 2 score the T tokens
+            h = hidden[:, :t][keep]  # (N, d)
         y = targets.to(hidden.device)[keep]
         logp_n, ent_n = chunked_token_logprob(
             h,
@@ -423,13 +482,7 @@ def completion_scores(
         return logp
 
     with _head_forward(head, score):
-        out = model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids_from_mask(attention_mask),
-            use_cache=False,
-            logits_to_keep=t + 1,
-        )
+        out = model(**inputs, use_cache=False, logits_to_keep=to_keep)
     if "logp" not in result:
         raise ValueError(
             f"{type(_base_model(model)).__name__}'s forward did not call its output embeddings module: "

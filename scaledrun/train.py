@@ -292,13 +292,16 @@ Micro = Tensor | None
 def plan_micro_batches(accelerator: Any, cfg: RunConfig, sub: RolloutBatch) -> list[Micro]:
     """This process's micro-batches of mini-batch ``sub`` (all processes call it together).
 
-    ``max_tokens_per_micro_batch``: packed by padded tokens, whole groups first (``scaledrun.packing``);
+    ``max_tokens_per_micro_batch``: packed by padded tokens (real tokens under ``padding_free``), whole
+    groups first (``scaledrun.packing``);
     ``micro_batch_size``: consecutive runs of that many rows; neither: one pass. Every process gets the
     same number of micro-batches (FSDP and ZeRO-3 gather parameters in every forward pass, a collective).
     """
     if cfg.max_tokens_per_micro_batch:
         lengths = RowLengths.of(sub)
-        micro: list[Tensor] = pack_rows(lengths, sub.group, cfg.max_tokens_per_micro_batch)
+        micro: list[Tensor] = pack_rows(
+            lengths, sub.group, cfg.max_tokens_per_micro_batch, padding_free=cfg.padding_free
+        )
     else:
         lengths = None
         micro = micro_batches(len(sub), cfg.micro_batch_size)
@@ -307,7 +310,8 @@ def plan_micro_batches(accelerator: Any, cfg: RunConfig, sub: RolloutBatch) -> l
         count = int(max_list(accelerator, [float(count)])[0])
     if count == len(micro):
         return list(micro)
-    return balance_bins(micro, count, lengths if lengths is not None else RowLengths.of(sub))
+    lengths = lengths if lengths is not None else RowLengths.of(sub)
+    return balance_bins(micro, count, lengths, padding_free=cfg.padding_free)
 
 
 def policy_logprobs(model: Any, batch: RolloutBatch, cfg: RunConfig) -> dict[str, Tensor]:
@@ -320,6 +324,7 @@ def policy_logprobs(model: Any, batch: RolloutBatch, cfg: RunConfig) -> dict[str
     return completion_logprobs(
         model, batch.input_ids, batch.attention_mask, t, temperature=cfg.temperature,
         completion_mask=batch.completion_mask, chunk_tokens=cfg.logprob_chunk_tokens,
+        padding_free=cfg.padding_free,
     )  # fmt: skip
 
 
@@ -489,7 +494,7 @@ def update(
             slots, real = pass_tokens(
                 sub, micro if not fwd["logp"].requires_grad else [torch.arange(len(sub))]
             )
-            res.slots += slots
+            res.slots += real if cfg.padding_free else slots  # packed passes hold no padding
             res.tokens += real
     return diagnostics.finish()
 
@@ -635,6 +640,7 @@ def _train(
                         temperature=cfg.temperature, top_p=cfg.top_p, ref_model_ctx=ref_ctx,
                         chunk_tokens=cfg.logprob_chunk_tokens, backend=backend,
                         plan=lambda b: plan_micro_batches(accelerator, cfg, b),  # the loss's passes
+                        padding_free=cfg.padding_free,
                     )  # fmt: skip
             t_gen = time.perf_counter() - t0
 
