@@ -318,7 +318,8 @@ class PagedBackend:
     sized for the call's rows, the G samples of a prompt forked from it (``num_return_sequences``),
     at most ``batch_size`` requests per forward pass (None: all). Sampling settings: temperature and
     top-p only (the run's), an unsupported logits processor is an error, not dropped; the sampler's
-    seed is drawn from torch's global generator, so a seeded run is reproducible."""
+    seed is drawn from torch's global generator, so a seeded run is reproducible (its per-process
+    offset is the data-parallel rank), and that generator is left as one draw advanced it."""
 
     name = "paged"
 
@@ -357,7 +358,11 @@ class PagedBackend:
         attn = hf.config._attn_implementation
         merged = merged_adapter(self.model) if self.merge else contextlib.nullcontext()
         try:
-            with clean_generation_config(self.model, sampling), merged:
+            # generate_batch reseeds torch's global generator (``torch.manual_seed(seed + dp_rank)``): forked,
+            # so the caller's random stream only loses the one draw of ``seed`` above
+            device = _device(self.model)
+            forked = torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
+            with clean_generation_config(self.model, sampling), merged, forked:
                 out = hf.generate_batch(
                     inputs, generation_config=config, continuous_batching_config=cb, warmup=False
                 )

@@ -130,11 +130,16 @@ def test_paged_backend_gives_hf_greedy_tokens_with_the_adapter(lora):
 def test_paged_backend_sampling_is_reproducible_from_the_torch_seed(lora):
     model, tok, ids, am, stop = lora
     sampling = _sampling(tok, stop, do_sample=True)
-    runs = []
+    runs, after = [], []
     for _ in range(2):
         torch.manual_seed(SEED)
         runs.append(PagedBackend(model).generate(ids, am, num_generations=G, sampling=sampling))
+        after.append(torch.rand(4))
     assert torch.equal(runs[0], runs[1])
+    # the caller's generator is where one draw (the sampler's seed) left it, not reseeded by transformers
+    torch.manual_seed(SEED)
+    torch.randint(2**31 - 1, ())
+    assert torch.equal(after[0], torch.rand(4))
     assert runs[0].shape[0] == len(PROMPTS) * G
 
 
