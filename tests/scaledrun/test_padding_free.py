@@ -11,7 +11,8 @@
   gives other values.
 - The trainer: ``score_completions`` (old and reference log-probs) and one ``update`` (its gradient,
   metrics and meter) padded and padding-free, in float64; the token budget of
-  ``max_tokens_per_micro_batch`` counts real tokens (hand-worked plans).
+  ``max_tokens_per_micro_batch`` counts real tokens (hand-worked plans); a training step with
+  ``padding_free`` runs every old, reference and loss pass packed (one ``packed_inputs`` call per pass).
 - ``attn_implementation``: validated, and given to ``from_pretrained``.
 """
 
@@ -293,3 +294,40 @@ def test_attn_implementation_is_validated_and_loaded(tiny_model, tmp_path):
     for impl, want in [("eager", "eager"), (None, "sdpa")]:
         cfg = RunConfig(model=str(tiny_model), output_dir=str(tmp_path), attn_implementation=impl)
         assert load_model(cfg).base_model.model.config._attn_implementation == want
+
+
+def test_the_trainer_runs_every_policy_pass_packed(tiny_model, tmp_path, monkeypatch):
+    """One training step with ``padding_free`` (β > 0, a token budget, 2 inner epochs so the loss pass
+    scores again): every old, reference and loss pass goes through ``packed_inputs`` (recorded, not
+    replaced), one call per planned pass; without it, none does."""
+    import scaledrun.scoring as scoring
+
+    calls: list[int] = []
+    real = scoring.packed_inputs
+
+    def recording(input_ids, attention_mask, completion_len, scored):
+        calls.append(input_ids.shape[0])
+        return real(input_ids, attention_mask, completion_len, scored)
+
+    monkeypatch.setattr(scoring, "packed_inputs", recording)
+    planned: list[int] = []
+    plan = tr.plan_micro_batches
+    monkeypatch.setattr(
+        tr, "plan_micro_batches", lambda a, c, s: planned.append(len(r := plan(a, c, s))) or r
+    )
+    kw = dict(
+        model=str(tiny_model), steps=1, group_size=4, prompts_per_step=2, max_new_tokens=8, eval_every=0,
+        save_every=0, warmup_ratio=0.0, num_train=50, num_eval=8, beta=0.05, inner_epochs=2,
+        max_tokens_per_micro_batch=40,
+    )  # fmt: skip
+    tr.train(RunConfig(**kw, output_dir=str(tmp_path / "padded")))
+    assert calls == [] and planned
+    planned.clear()
+    row = tr.train(RunConfig(**kw, output_dir=str(tmp_path / "packed"), padding_free=True)).rows[0]
+    rollout, *updates = planned  # the scoring plan, then one per mini-batch of each inner epoch
+    assert len(updates) == 2 and rollout > 1  # the budget splits the step's 8 rows
+    # old + reference per scoring pass; inner epoch 1 reuses the old log-probs (on-policy), so its passes
+    # run once (backward), epoch 2's twice (no-grad log-probs, then backward) — or once when it is one pass
+    second = updates[1] if updates[1] == 1 else 2 * updates[1]
+    assert len(calls) == 2 * rollout + updates[0] + second, (calls, rollout, updates)
+    assert row["score/padding_frac"] == 0.0
