@@ -11,11 +11,12 @@ FSDP need around the trainer's passes (``scaledrun.train``):
   its loss (``scaledrun.train``, "Loss normalisation across processes");
 - ``sum_list``, ``max_list``, ``any_process``, ``sum_over_processes``, ``mean_over_processes``: element-wise
   reductions every process calls together;
-- ``has_accelerator``, ``deepspeed_micro_batch``: the Accelerator's set-up.
+- ``has_accelerator``, ``check_launch``, ``deepspeed_micro_batch``: the Accelerator's set-up.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -50,8 +51,8 @@ def full_params(accelerator: Any, model: Any) -> Any:
     DDP and one process: nothing to do. DeepSpeed ZeRO-3 and FSDP shard the parameters: gather them
     (each GPU then holds the whole model for the duration). FSDP2 is recognised by the model itself (a
     ``fully_shard`` root), whatever the accelerator says: ``fsdp2_unsharded``, tested with 2 gloo
-    processes on CPU (tests/scaledrun/test_fsdp_train.py). The ZeRO-3 (``zero3_gathered``) and FSDP1
-    branches are not run by this project's tests (no DeepSpeed, no GPU).
+    processes on CPU (tests/scaledrun/test_fsdp_train.py); ZeRO-3 (``zero3_gathered``) with 2 CPU processes
+    (tests/scaledrun/test_zero3.py). The FSDP1 branch is not run by this project's tests.
     """
     from accelerate.utils import DistributedType
     from torch.distributed.fsdp import FSDPModule
@@ -127,7 +128,9 @@ def zero3_gathered(engine: Any) -> Iterator[None]:
     parameters around each submodule's forward, at every generated token. So inside the gathered
     context the hooks are removed (and no parameter is marked in use by a submodule), and they are put
     back by ZeRO-3's own registration before the parameters are released, the way TRL unwraps a ZeRO-3
-    model for generation. UNTESTED: DeepSpeed is not installed here and ZeRO-3 needs GPUs.
+    model for generation. Tested with 2 CPU processes (tests/scaledrun/test_zero3.py): no all-gather
+    during a generate call (212 in the same call without this context), DDP's completions, and the
+    training passes after it gather through the restored hooks (the run trains like DDP).
     """
     import deepspeed
 
@@ -149,6 +152,32 @@ def zero3_gathered(engine: Any) -> Iterator[None]:
         finally:  # DeepSpeed >= 0.16.4 renamed its registration
             register = getattr(owner, "_register_deepspeed_module", None) or owner._register_hooks_recursively
             register(owner.module)
+
+
+class LaunchError(RuntimeError):
+    """A launch that would not run what its accelerate config file asks for."""
+
+
+def check_launch(accelerator: Any) -> None:
+    """Refuse a DeepSpeed or FSDP launch that Accelerate set up as something else.
+
+    Accelerate sets DeepSpeed and FSDP up only on GPUs: ``accelerate launch --config_file zero3.yaml`` (or
+    ``zero2.yaml``, ``fsdp.yaml``) on a machine without one starts plain DDP processes, which would train
+    unsharded while the user believes otherwise (and run out of memory where sharding was the point).
+    """
+    asked = [
+        name for name, env in (("DeepSpeed", "ACCELERATE_USE_DEEPSPEED"), ("FSDP", "ACCELERATE_USE_FSDP"))
+        if os.environ.get(env, "false").lower() == "true"
+    ]  # fmt: skip
+    kind = str(accelerator.distributed_type).rsplit(".", 1)[-1]
+    got = {"DEEPSPEED": "DeepSpeed", "FSDP": "FSDP"}.get(kind)
+    if asked and got not in asked:
+        raise LaunchError(
+            f"the accelerate config asks for {asked[0]}, but Accelerate set this process up as {kind} "
+            f"({accelerator.num_processes} process(es), device {accelerator.device}): Accelerate runs {asked[0]} "
+            "only on GPUs. On a machine without a GPU launch with scaledrun/accelerate/ddp.yaml (or "
+            "--multi_gpu, gloo) instead"
+        )
 
 
 def deepspeed_micro_batch(accelerator: Any) -> None:

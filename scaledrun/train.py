@@ -131,7 +131,9 @@ from .data import DataError, RunData, check_task_source, load_data, replay_file,
 from .diagnostics import ENERGY_KEYS, UpdateDiagnostics, UpdateResult, measure_step, pass_tokens
 from .distributed import (
     GlobalCounts,
+    LaunchError,
     any_process,
+    check_launch,
     deepspeed_micro_batch,
     full_params,
     global_counts,
@@ -532,6 +534,7 @@ def train(
     # a ``--multi_gpu`` launch on a machine without GPUs runs on CPU processes (gloo): Accelerate only
     # picks MULTI_CPU when told ``cpu=True`` (``ACCELERATE_USE_CPU``), so say it when there is no GPU
     accelerator = Accelerator(cpu=not has_accelerator())
+    check_launch(accelerator)  # a DeepSpeed/FSDP config file on a machine without GPUs: refused, not DDP
     watch_parent()  # under a launcher: this worker exits when the launcher is gone
     seed_all(cfg.seed)
     out_dir = Path(cfg.output_dir)
@@ -799,7 +802,7 @@ def main(argv: list[str] | None = None) -> TrainResult:
         usage_error(err)
     try:
         return train(cfg, debug_dir=debug[-1] if debug else None, replay_dir=replay[-1] if replay else None)
-    except (RunFolderError, FileNotFoundError, DataError) as err:  # the folder, the model, the data
+    except (RunFolderError, FileNotFoundError, DataError, LaunchError) as err:  # folder, model, data, launch
         usage_error(err)
 
 
