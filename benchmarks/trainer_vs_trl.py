@@ -139,9 +139,10 @@ def trl_config(cfg: RunConfig, out_dir: Path) -> Any:
     batch = cfg.prompts_per_step * cfg.group_size
     return GRPOConfig(
         output_dir=str(out_dir),
-        use_cpu=True,
-        bf16=False,
+        use_cpu=not torch.cuda.is_available(),
+        bf16=cfg.dtype == "bfloat16",
         fp16=False,
+        gradient_checkpointing=cfg.gradient_checkpointing,
         use_vllm=False,
         seed=cfg.seed,
         max_steps=cfg.steps * cfg.inner_epochs,
@@ -177,10 +178,39 @@ def trl_config(cfg: RunConfig, out_dir: Path) -> Any:
     )
 
 
-def time_trl(cfg: RunConfig, out_dir: Path) -> tuple[list[float], list[float]]:
-    """(seconds, generated tokens) of each RL step (``inner_epochs`` optimizer steps) of a TRL run."""
+class StepClock:
+    """A ``TrainerCallback`` (built by ``step_clock``): the wall-clock of each optimizer step, from
+    ``on_step_begin`` to ``on_step_end``; ``sync`` runs first at both ends (e.g. ``torch.cuda.synchronize``)."""
+
+    def __init__(self, sync: Any = None) -> None:
+        self.secs: list[float] = []
+        self.t0 = 0.0
+        self.sync = sync or (lambda: None)
+
+    def on_step_begin(self, args, state, control, **kw):
+        self.sync()
+        self.t0 = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kw):
+        self.sync()
+        self.secs.append(time.perf_counter() - self.t0)
+
+
+def step_clock(sync: Any = None) -> Any:
+    """A ``StepClock`` that is a ``transformers.TrainerCallback`` (imported only when TRL runs)."""
+    from transformers import TrainerCallback
+
+    return type("Clock", (StepClock, TrainerCallback), {})(sync)
+
+
+def trl_trainer(
+    cfg: RunConfig, out_dir: Path, reward: Any = exact_match, callbacks: list[Any] | None = None
+) -> tuple[Any, list[float]]:
+    """TRL's ``GRPOTrainer`` at ``cfg``'s settings (``trl_config``; the model folder, LoRA, the trainer's
+    prompts in its order, ``reward(prompts, completions, answers)``), and the list that its reward
+    wrapper appends each generation's completion-token count to."""
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.trainer_callback import PrinterCallback
     from trl import GRPOTrainer
 
@@ -197,35 +227,30 @@ def time_trl(cfg: RunConfig, out_dir: Path) -> tuple[list[float], list[float]]:
     })  # fmt: skip
     tokens: list[float] = []
 
-    def exact_match_reward(prompts, completions, completion_ids, answer, **_):  # TRL's signature
+    def reward_fn(prompts, completions, completion_ids, answer, **_):  # TRL's signature
         tokens.append(float(sum(len(ids) for ids in completion_ids)))
-        return exact_match(prompts, completions, answer)
+        return reward(prompts, completions, answer)
 
-    class Clock(TrainerCallback):
-        def __init__(self) -> None:
-            self.secs: list[float] = []
-            self.t0 = 0.0
-
-        def on_step_begin(self, args, state, control, **kw):
-            self.t0 = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kw):
-            self.secs.append(time.perf_counter() - self.t0)
-
+    reward_fn.__name__ = getattr(reward, "__name__", "reward")  # TRL's rewards/<name> metric
     torch.manual_seed(cfg.seed)  # the LoRA A init, as ours
     model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=getattr(torch, cfg.dtype))
-    lora = lora_config(cfg)
-    clock = Clock()
     trainer = GRPOTrainer(
         model=model,
-        reward_funcs=exact_match_reward,
+        reward_funcs=reward_fn,
         args=trl_config(cfg, out_dir),
         train_dataset=data,
         processing_class=tokenizer,
-        peft_config=lora,
-        callbacks=[clock],
+        peft_config=lora_config(cfg),
+        callbacks=callbacks,
     )
     trainer.remove_callback(PrinterCallback)  # the metrics are still computed and logged, not printed
+    return trainer, tokens
+
+
+def time_trl(cfg: RunConfig, out_dir: Path) -> tuple[list[float], list[float]]:
+    """(seconds, generated tokens) of each RL step (``inner_epochs`` optimizer steps) of a TRL run."""
+    clock = step_clock()
+    trainer, tokens = trl_trainer(cfg, out_dir, callbacks=[clock])
     trainer.train()
     k = cfg.inner_epochs
     secs = [sum(clock.secs[i : i + k]) for i in range(0, len(clock.secs), k)]
