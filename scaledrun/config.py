@@ -68,8 +68,140 @@ _COMMON_PARAMS = ("beta", "norm_constant")
 
 
 @dataclass
-class RunConfig:
-    """One scaled run. Defaults: the tiny CPU run on the locally built tiny Qwen3 (``scaledrun.tiny``)."""
+class ObjectiveConfig:
+    """The objective's fields (all losses are ``cancellation.compute_loss`` calls), declared once.
+
+    ``RunConfig`` (this trainer) and ``scaledrun.trl_plugin.CancellationGRPOConfig`` (TRL's
+    ``GRPOTrainer``) both inherit them: the same names, defaults, docstrings and checks
+    (``validate_objective``). In ``CancellationGRPOConfig`` two of them replace GRPOConfig fields of the
+    same name: ``epsilon`` (TRL: the lower clip; here grpo_symclip's symmetric ε, the lower clip being
+    ``epsilon_low``) and ``epsilon_high`` (the same meaning, but None: the objective's default); ``beta``
+    means the same in both (the k3 KL coefficient). docs/plugins.md lists the mapping.
+    """
+
+    objective: str = "grpo"
+    """Objective name in ``cancellation.OBJECTIVES``: ``grpo``, ``grpo_symclip`` (GRPO-fix, DFPO App. H),
+    ``gspo``, ``dfpo``."""
+    epsilon_low: float | None = None
+    """Lower clip ε_low (grpo, gspo, dfpo). None: the objective's default (0.2 for grpo, GSPO's 3e-4)."""
+    epsilon_high: float | None = None
+    """Upper clip ε_high (grpo, gspo, dfpo). None: the objective's default (0.2 for grpo, GSPO's 4e-4)."""
+    epsilon: float | None = None
+    """Symmetric clip ε of grpo_symclip (DFPO App. H eq. 79). None: its default 0.2."""
+    length_norm: bool = True
+    """gspo/dfpo: length-normalised sequence ratio s = exp(mean_t log r) (GSPO, DFPO eq. 44)."""
+    transform: str | None = None
+    """dfpo's group transform (``cancellation.TRANSFORMS``: min_replace, orth_proj, orth_proj_pos,
+    truncate_rebalance; DFPO App. B). None: dfpo's default min_replace."""
+    estimator: str | None = None
+    """gspo/dfpo: how the gradient is taken. ``paper``: DFPO's stop-gradient estimator (eq. 16, 59–62,
+    68, 85–86, 91): every trajectory, clipped or not, gets a constant weight times Â_i on ∇log s_i (dfpo:
+    s̃_i = T(s̄_i); gspo: s̄_i, eq. 86, the control arm that tells the transform's effect from the
+    estimator's); no trust region beyond the weight's value (like CISPO). ``ppo_clip``: the clipped
+    surrogate min(s·Â, clip(s)·Â) of eq. 42 (GSPO's own objective; for dfpo a trust-region variant that
+    is not in the paper: a clipped sequence gets no gradient). None: the objective's default (gspo:
+    ``ppo_clip``, dfpo: ``paper``)."""
+    stop_grad: bool = True
+    """dfpo: treat the transformed weights as constants in backprop (DFPO App. C/D); False is Table 3's
+    ablation (differentiates through the transform and s̄; ``estimator`` does not apply then)."""
+    beta: float = 0.0
+    """KL coefficient to the reference policy (k3 estimator). 0: no KL term, as in the setups this
+    project follows: DFPO's objectives (GSPO's eq. 42 and its transforms) carry none and its App. I
+    lists no KL coefficient (App. I's β = 0 is an entropy-regularisation coefficient, which this trainer
+    does not implement); DAPO and the cancellation-hypothesis paper (App. B) remove the KL term."""
+    aggregation: str | None = None
+    """Loss aggregation (``token-mean``, ``seq-mean-token-mean``, ``seq-mean-token-sum``,
+    ``seq-mean-token-sum-norm``). None: the objective's own default."""
+    norm_constant: float | None = None
+    """The constant of ``seq-mean-token-sum-norm`` (Dr. GRPO); None: the aggregation's default."""
+    adv_scale: str = "group"
+    """Advantage scaling (``cancellation.group_advantages``): group std (GRPO, DFPO eq. 43), batch std, or none."""
+    ar_alpha: float | None = None
+    """Advantage Reweighting α in [0, 1] (Lopti paper: 0.2 alone, 0.3 with Lopti). None: off."""
+    lopti_eta: float | None = None
+    """Lopti's probability threshold η in (0, 1] (Lopti paper: 0.4 alone, 0.5 with AR). None: off."""
+
+    def __post_init__(self) -> None:
+        self.validate_objective()
+
+    def validate_objective(self) -> None:
+        """Raise ``ValueError`` naming the field of the first invalid objective value."""
+        for f in dataclasses.fields(ObjectiveConfig):
+            setattr(self, f.name, _coerce(f.name, getattr(self, f.name)))
+
+        def bad(name: str, why: str) -> None:
+            raise ValueError(f"config field `{name}`={getattr(self, name)!r}: {why}")
+
+        def choice(name: str, valid: list[str] | tuple[str, ...]) -> None:
+            if getattr(self, name) not in valid:
+                bad(name, f"unknown value; valid: {', '.join(valid)}")
+
+        choice("objective", objective_names())
+        if self.epsilon_low is not None and not 0 <= self.epsilon_low < 1:
+            bad("epsilon_low", "must be in [0, 1)")
+        for name in ("epsilon_high", "epsilon"):
+            if getattr(self, name) is not None and getattr(self, name) < 0:
+                bad(name, "must be ≥ 0")
+        if self.transform is not None:
+            choice("transform", list(TRANSFORMS))
+        if self.estimator is not None:
+            choice("estimator", ESTIMATORS)
+        if self.aggregation is not None:
+            choice("aggregation", aggregation_names())
+        if self.beta < 0:
+            bad("beta", "must be ≥ 0")
+        if self.norm_constant is not None and not self.norm_constant > 0:
+            bad("norm_constant", "must be > 0")
+        # a parameter set for an objective that does not take it is a mistake, not something to ignore
+        if self.objective in OBJECTIVE_PARAMS:
+            takes = OBJECTIVE_PARAMS[self.objective]
+            for name, unset in (
+                ("epsilon_low", None), ("epsilon_high", None), ("epsilon", None), ("transform", None),
+                ("estimator", None), ("stop_grad", True), ("length_norm", True),
+            ):  # fmt: skip
+                if name not in takes and getattr(self, name) != unset:
+                    bad(name, f"objective {self.objective!r} does not take it (it takes: {', '.join(takes)})")
+        if self.objective == "dfpo" and not self.stop_grad and self.estimator is not None:
+            bad(
+                "estimator",
+                "dfpo with stop_grad=false differentiates through the transform; no estimator applies",
+            )
+        if (
+            self.objective == "gspo"
+            and self.estimator == "paper"
+            and (self.ar_alpha is not None or self.lopti_eta is not None)
+        ):
+            bad(
+                "estimator",
+                "gspo's paper estimator needs one advantage per completion, but Advantage Reweighting and "
+                "Lopti make them per token; use estimator ppo_clip with them",
+            )
+        choice("adv_scale", SCALES)
+        if self.ar_alpha is not None and not 0 <= self.ar_alpha <= 1:
+            bad("ar_alpha", "must be in [0, 1]")
+        if self.lopti_eta is not None and not 0 < self.lopti_eta <= 1:
+            bad("lopti_eta", "must be in (0, 1]")
+        if self.objective == "dfpo" and (self.ar_alpha is not None or self.lopti_eta is not None):
+            bad(
+                "ar_alpha" if self.ar_alpha is not None else "lopti_eta",
+                "dfpo's group transforms need one advantage per completion, but Advantage Reweighting and "
+                "Lopti make them per token; use them with grpo, grpo_symclip or gspo",
+            )
+
+    def objective_params(self) -> dict[str, Any]:
+        """The keyword parameters of ``cancellation.compute_loss`` for this objective (unset ones left out)."""
+        names = OBJECTIVE_PARAMS.get(self.objective, ()) + _COMMON_PARAMS
+        params = {n: getattr(self, n) for n in names if getattr(self, n) is not None}
+        if params.get("beta") == 0.0:
+            del params["beta"]
+        return params
+
+
+@dataclass
+class _RunSetup:
+    """``RunConfig``'s fields before the objective (model, data, reward, rollouts): a class of its own only so
+    that ``RunConfig``'s field order (YAML files, saved configs, ``--help``) stays what it was when every field
+    was declared in ``RunConfig`` itself: model → data → reward → rollouts → objective → update → output."""
 
     # ---- model
     model: str = "artifacts/tiny-qwen3"
@@ -192,48 +324,10 @@ class RunConfig:
     overlong punishment, in its simplest form): they get ``failure_reward`` as their reward and stay in
     the loss. ``keep``: no special handling."""
 
-    # ---- objective (all losses are ``cancellation.compute_loss`` calls)
-    objective: str = "grpo"
-    """Objective name in ``cancellation.OBJECTIVES``: ``grpo``, ``grpo_symclip`` (GRPO-fix, DFPO App. H),
-    ``gspo``, ``dfpo``."""
-    epsilon_low: float | None = None
-    """Lower clip ε_low (grpo, gspo, dfpo). None: the objective's default (0.2 for grpo, GSPO's 3e-4)."""
-    epsilon_high: float | None = None
-    """Upper clip ε_high (grpo, gspo, dfpo). None: the objective's default (0.2 for grpo, GSPO's 4e-4)."""
-    epsilon: float | None = None
-    """Symmetric clip ε of grpo_symclip (DFPO App. H eq. 79). None: its default 0.2."""
-    length_norm: bool = True
-    """gspo/dfpo: length-normalised sequence ratio s = exp(mean_t log r) (GSPO, DFPO eq. 44)."""
-    transform: str | None = None
-    """dfpo's group transform (``cancellation.TRANSFORMS``: min_replace, orth_proj, orth_proj_pos,
-    truncate_rebalance; DFPO App. B). None: dfpo's default min_replace."""
-    estimator: str | None = None
-    """gspo/dfpo: how the gradient is taken. ``paper``: DFPO's stop-gradient estimator (eq. 16, 59–62,
-    68, 85–86, 91): every trajectory, clipped or not, gets a constant weight times Â_i on ∇log s_i (dfpo:
-    s̃_i = T(s̄_i); gspo: s̄_i, eq. 86, the control arm that tells the transform's effect from the
-    estimator's); no trust region beyond the weight's value (like CISPO). ``ppo_clip``: the clipped
-    surrogate min(s·Â, clip(s)·Â) of eq. 42 (GSPO's own objective; for dfpo a trust-region variant that
-    is not in the paper: a clipped sequence gets no gradient). None: the objective's default (gspo:
-    ``ppo_clip``, dfpo: ``paper``)."""
-    stop_grad: bool = True
-    """dfpo: treat the transformed weights as constants in backprop (DFPO App. C/D); False is Table 3's
-    ablation (differentiates through the transform and s̄; ``estimator`` does not apply then)."""
-    beta: float = 0.0
-    """KL coefficient to the reference policy (k3 estimator). 0: no KL term, as in the setups this
-    project follows: DFPO's objectives (GSPO's eq. 42 and its transforms) carry none and its App. I
-    lists no KL coefficient (App. I's β = 0 is an entropy-regularisation coefficient, which this trainer
-    does not implement); DAPO and the cancellation-hypothesis paper (App. B) remove the KL term."""
-    aggregation: str | None = None
-    """Loss aggregation (``token-mean``, ``seq-mean-token-mean``, ``seq-mean-token-sum``,
-    ``seq-mean-token-sum-norm``). None: the objective's own default."""
-    norm_constant: float | None = None
-    """The constant of ``seq-mean-token-sum-norm`` (Dr. GRPO); None: the aggregation's default."""
-    adv_scale: str = "group"
-    """Advantage scaling (``cancellation.group_advantages``): group std (GRPO, DFPO eq. 43), batch std, or none."""
-    ar_alpha: float | None = None
-    """Advantage Reweighting α in [0, 1] (Lopti paper: 0.2 alone, 0.3 with Lopti). None: off."""
-    lopti_eta: float | None = None
-    """Lopti's probability threshold η in (0, 1] (Lopti paper: 0.4 alone, 0.5 with AR). None: off."""
+
+@dataclass
+class RunConfig(ObjectiveConfig, _RunSetup):
+    """One scaled run. Defaults: the tiny CPU run on the locally built tiny Qwen3 (``scaledrun.tiny``)."""
 
     # ---- batching and update
     batching: str = "query"
@@ -428,57 +522,7 @@ class RunConfig:
         if not 0 < self.top_p <= 1:
             bad("top_p", "must be in (0, 1]")
         choice("truncation", TRUNCATIONS)
-        choice("objective", objective_names())
-        if self.epsilon_low is not None and not 0 <= self.epsilon_low < 1:
-            bad("epsilon_low", "must be in [0, 1)")
-        for name in ("epsilon_high", "epsilon"):
-            if getattr(self, name) is not None and getattr(self, name) < 0:
-                bad(name, "must be ≥ 0")
-        if self.transform is not None:
-            choice("transform", list(TRANSFORMS))
-        if self.estimator is not None:
-            choice("estimator", ESTIMATORS)
-        if self.aggregation is not None:
-            choice("aggregation", aggregation_names())
-        if self.beta < 0:
-            bad("beta", "must be ≥ 0")
-        if self.norm_constant is not None and not self.norm_constant > 0:
-            bad("norm_constant", "must be > 0")
-        # a parameter set for an objective that does not take it is a mistake, not something to ignore
-        if self.objective in OBJECTIVE_PARAMS:
-            takes = OBJECTIVE_PARAMS[self.objective]
-            for name, unset in (
-                ("epsilon_low", None), ("epsilon_high", None), ("epsilon", None), ("transform", None),
-                ("estimator", None), ("stop_grad", True), ("length_norm", True),
-            ):  # fmt: skip
-                if name not in takes and getattr(self, name) != unset:
-                    bad(name, f"objective {self.objective!r} does not take it (it takes: {', '.join(takes)})")
-        if self.objective == "dfpo" and not self.stop_grad and self.estimator is not None:
-            bad(
-                "estimator",
-                "dfpo with stop_grad=false differentiates through the transform; no estimator applies",
-            )
-        if (
-            self.objective == "gspo"
-            and self.estimator == "paper"
-            and (self.ar_alpha is not None or self.lopti_eta is not None)
-        ):
-            bad(
-                "estimator",
-                "gspo's paper estimator needs one advantage per completion, but Advantage Reweighting and "
-                "Lopti make them per token; use estimator ppo_clip with them",
-            )
-        choice("adv_scale", SCALES)
-        if self.ar_alpha is not None and not 0 <= self.ar_alpha <= 1:
-            bad("ar_alpha", "must be in [0, 1]")
-        if self.lopti_eta is not None and not 0 < self.lopti_eta <= 1:
-            bad("lopti_eta", "must be in (0, 1]")
-        if self.objective == "dfpo" and (self.ar_alpha is not None or self.lopti_eta is not None):
-            bad(
-                "ar_alpha" if self.ar_alpha is not None else "lopti_eta",
-                "dfpo's group transforms need one advantage per completion, but Advantage Reweighting and "
-                "Lopti make them per token; use them with grpo, grpo_symclip or gspo",
-            )
+        self.validate_objective()
         choice("batching", SPLIT_MODES)
         if self.num_minibatches < 1:
             bad("num_minibatches", "must be ≥ 1")
@@ -543,14 +587,6 @@ class RunConfig:
                 bad(name, "must be ≥ 0 (0: off)")
         if self.eval_k < 1:
             bad("eval_k", "must be ≥ 1")
-
-    def objective_params(self) -> dict[str, Any]:
-        """The keyword parameters of ``cancellation.compute_loss`` for this objective (unset ones left out)."""
-        names = OBJECTIVE_PARAMS.get(self.objective, ()) + _COMMON_PARAMS
-        params = {n: getattr(self, n) for n in names if getattr(self, n) is not None}
-        if params.get("beta") == 0.0:
-            del params["beta"]
-        return params
 
 
 # --------------------------------------------------------------------------------------------
@@ -715,8 +751,22 @@ def _check_types(cfg: RunConfig) -> None:
 
 
 def field_docs() -> dict[str, str]:
-    """Each field's docstring (the string literal right under it in the class body)."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(RunConfig)))
+    """Each field's docstring (the string literal right under it in the body of the class that declares it)."""
+    return class_field_docs(RunConfig)
+
+
+def class_field_docs(cls: type) -> dict[str, str]:
+    """The field docstrings of dataclass ``cls`` and of the dataclasses it inherits from (``RunConfig``:
+    ``_RunSetup``, ``ObjectiveConfig`` and its own; ``CancellationGRPOConfig``: ``ObjectiveConfig``'s)."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if klass is not object and dataclasses.is_dataclass(klass) and klass.__module__ == __name__:
+            docs.update(_own_field_docs(klass))
+    return docs
+
+
+def _own_field_docs(cls: type) -> dict[str, str]:
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     body = tree.body[0].body  # type: ignore[attr-defined]
     docs: dict[str, str] = {}
     for node, nxt in itertools.pairwise(body):
