@@ -5,6 +5,12 @@ backend); and the settings that cannot work are refused by name."""
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
@@ -16,9 +22,19 @@ from scaledrun.config import RunConfig
 from scaledrun.tasks import format_prompt
 
 from ..conftest import SEED
+from ..exactness import FLOAT64_RTOL
 from .conftest import LENGTH_REWARD
 
 pytestmark = pytest.mark.sampling
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
 
 PROMPTS = ["What is 12 + 34?", "What is 5 + 61?", "What is 70 + 8?", "What is 9 + 9?", "What is 41 + 27?"]
 G = 2
@@ -181,3 +197,26 @@ def test_training_with_merged_rollouts_leaves_every_base_weight_bit_identical(ti
             assert torch.equal(p.detach(), base[key].detach()), f"base weight {key} changed"
     assert delta > 1e-2  # the adapter moved: merging it changed the weights during each rollout
     assert [r["opt_steps"] for r in result.rows] == [1.0] * 4
+
+
+@pytest.mark.exactness
+def test_merge_inside_fsdp2_full_params_restores_the_sharded_base(tiny_model, tmp_path):
+    """2 gloo processes, the tiny PEFT Qwen3 sharded by FSDP2 (``fsdp_merge_worker.py``): merged greedy
+    tokens inside ``full_params`` = unmerged ones in float64; the merge changes the gathered weights by
+    scale·B·A and is undone bit-exactly inside the gather; every base parameter, gathered in full, is
+    bit-identical after the merged calls."""
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
+        str(REPO / "tests" / "scaledrun" / "fsdp_merge_worker.py"), str(tmp_path), str(tiny_model), "float64",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    for rank in (0, 1):
+        r = torch.load(tmp_path / f"merge_rank{rank}.pt", weights_only=True)
+        assert r["merged"].shape[0] == 4 and torch.equal(r["merged"], r["plain"])
+        assert r["before"].keys() == r["after"].keys() and len(r["before"]) > 0
+        assert all(torch.equal(r["after"][k], r["before"][k]) for k in r["before"])
+        # the merge acts on the gathered weights, and is undone before the gather ends
+        assert r["delta_max"] > 0 and r["merge_err"] <= FLOAT64_RTOL * r["delta_max"]
+        assert r["restored"]
