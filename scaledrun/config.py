@@ -610,8 +610,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # DFPO paper, App. I (Qwen3-32B, full fine-tuning): lr 8e-7, cosine to 0.2·lr, 3% warm-up, 32 rollouts
     # per prompt, mini-batch 32 completions (= one group per mini-batch); no KL term (beta 0: App. I's β = 0 is
     # an entropy coefficient, not a KL one, and the paper gives none); App. J decoding T 0.6, top-p 0.95.
-    # Does NOT fit 80 GB GPUs as the trainer generates (the whole model gathered on each GPU: 131 GB of fp32
-    # master weights under FSDP on 8 GPUs, 303 GB at the peak): `python -m scaledrun.memory`, docs/trainer.md
+    # Does NOT fit 80 GB GPUs as the trainer generates (the whole model gathered in bf16 on each GPU, 65.5 GB,
+    # beside 65.5 GB of fp32 state under FSDP on 8 GPUs; 237 GB at the peak): `python -m scaledrun.memory`
     "dfpo_paper": {
         "model": "Qwen/Qwen3-32B", "dtype": "bfloat16", "full_finetune": True, "gradient_checkpointing": True,
         "objective": "dfpo", "group_size": 32, "prompts_per_step": 8, "num_minibatches": 8, "lr": 8e-7,

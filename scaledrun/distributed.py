@@ -11,7 +11,8 @@ FSDP need around the trainer's passes (``scaledrun.train``):
   its loss (``scaledrun.train``, "Loss normalisation across processes");
 - ``sum_list``, ``max_list``, ``any_process``, ``sum_over_processes``, ``mean_over_processes``: element-wise
   reductions every process calls together;
-- ``has_accelerator``, ``check_launch``, ``deepspeed_micro_batch``: the Accelerator's set-up.
+- ``has_accelerator``, ``check_launch``, ``before_prepare`` (``deepspeed_micro_batch``,
+  ``fsdp2_bf16_params``): the Accelerator's set-up.
 """
 
 from __future__ import annotations
@@ -180,11 +181,52 @@ def check_launch(accelerator: Any) -> None:
         )
 
 
+def before_prepare(accelerator: Any, cfg: Any) -> None:
+    """What the Accelerator's plugins need from the run before ``accelerator.prepare``:
+    ``deepspeed_micro_batch``, and ``fsdp2_bf16_params`` for full fine-tuning in bfloat16."""
+    from .model import master_fp32
+
+    deepspeed_micro_batch(accelerator)
+    fsdp2_bf16_params(accelerator, master_fp32(cfg))
+
+
 def deepspeed_micro_batch(accelerator: Any) -> None:
     """DeepSpeed wants ``train_micro_batch_size_per_gpu``; no dataloader is prepared to infer it."""
     plugin = getattr(accelerator.state, "deepspeed_plugin", None)
     if plugin is not None and plugin.is_auto("train_micro_batch_size_per_gpu"):
         plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = 1
+
+
+def fsdp2_bf16_params(accelerator: Any, master_fp32: bool) -> None:
+    """FSDP2 and fp32 master weights (``model.master_fp32``): every unshard gathers bfloat16 parameters.
+
+    Called before ``accelerator.prepare``. The trainer sets the policy itself, not
+    ``scaledrun/accelerate/fsdp.yaml`` (whose ``mixed_precision`` stays ``'no'``): one yaml serves LoRA
+    runs too, whose fp32 adapters must compute in fp32, and Accelerate's ``mixed_precision: bf16`` would
+    also reduce gradients in bf16. The policy, ``MixedPrecisionPolicy(param_dtype=bfloat16,
+    reduce_dtype=float32)``, goes to the plugin, from which Accelerate's ``fsdp2_prepare_model`` hands it to
+    every ``fully_shard`` call: the sharded masters (and the optimizer) stay float32, every all-gather
+    (generation inside ``full_params``, each training forward and backward) gathers a bfloat16 copy, 2 B per
+    parameter instead of 4 (the whole model during generation: 65.5 GB for Qwen3-32B instead of 131), the
+    bfloat16 gradients are reduce-scattered and accumulated across micro-batches in float32. The passes
+    still run under the trainer's bfloat16 autocast (``model.compute_precision``): on bfloat16 weights it
+    changes nothing but the ops autocast keeps in float32. Tested with 2 gloo processes on CPU
+    (tests/scaledrun/test_fsdp_train.py, ``full_bf16``): the gathered bytes, greedy tokens and the first
+    update's gradients against an unsharded bfloat16 copy accumulating in float32. A no-op for any other run.
+    """
+    if not master_fp32 or not getattr(accelerator, "is_fsdp2", False):
+        return
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    plugin = accelerator.state.fsdp_plugin
+    wanted = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if plugin.mixed_precision_policy not in (None, wanted):
+        raise LaunchError(
+            f"full fine-tuning in bfloat16 under FSDP2 sets its own mixed precision ({wanted}), but the launch "
+            f"set {plugin.mixed_precision_policy}: use mixed_precision: 'no' in the accelerate config "
+            "(scaledrun/accelerate/fsdp.yaml)"
+        )
+    plugin.mixed_precision_policy = wanted
 
 
 def has_accelerator() -> bool:

@@ -9,9 +9,10 @@ per GPU:
   parameter). Full fine-tuning: fp32 master weights, fp32 gradients, AdamW's two moments (16 B per
   parameter). Divided by the number of processes under FSDP / ZeRO-3 (not under DDP);
 - **gen. weights**: under FSDP / ZeRO-3 generation runs with the whole model gathered on every GPU
-  (``distributed.full_params``), at the dtype the parameters are stored in: fp32 master weights under
-  full fine-tuning (the trainer today), the base's dtype under LoRA; 0 under DDP (the weights are
-  already whole);
+  (``distributed.full_params``), at the dtype the gather produces (``gathered_bytes``): the base's dtype
+  under LoRA; under full fine-tuning in bfloat16 (fp32 masters, ``model.master_fp32``) bf16 under FSDP2,
+  whose unshard the trainer sets to bf16 (``distributed.fsdp2_bf16_params``), and the fp32 masters
+  themselves under ZeRO-3; 0 under DDP (the weights are already whole);
 - **KV cache**: ``layers × kv_heads × head_dim × 2 (K and V) × 2 B`` per token, for
   ``generation_batch_size`` rows (None: all ``prompts_per_step × group_size`` rows at once) of
   ``prompt + max_new_tokens`` tokens (prompt: ``max_prompt_length``, or ``ASSUMED_PROMPT_TOKENS`` when
@@ -20,13 +21,14 @@ per GPU:
   micro-batch × (prompt + new tokens)). With gradient checkpointing: the checkpointed hidden state of
   every layer (``layers × S × hidden × 2 B``) plus one layer's activations, recomputed, and their
   gradients (2 × ``S × layer_token_bytes``); without it, every layer's activations. Under FSDP, two
-  layers' parameters gathered (the current one and the prefetched one) at the stored dtype;
+  layers' parameters gathered (the current one and the prefetched one) at the gathered dtype;
 - **scorer**: the LM-head chunks of ``scoring.completion_scores``, ``logprob_chunk_tokens × vocab × 4 B``
   for the logits and as much for their softmax;
 - ``RESERVE_BYTES`` for the CUDA context, NCCL buffers and the allocator's slack.
 
 The peak is state + max(gen. weights + KV cache, update + scorer) + reserve: generation and the update
-run one after the other. The old and reference scoring passes run in the update's micro-batch plan
+run one after the other. ``smallest_launch`` finds the fewest FSDP processes (whole nodes) at which a
+preset fits, with overrides such as a smaller ``generation_batch_size``. The old and reference scoring passes run in the update's micro-batch plan
 without gradients (``rollout.score_completions``), so they hold less than an update pass.
 
 ``layer_token_bytes``, one decoder layer's saved activations per token (bf16, flash/SDPA attention: no
@@ -43,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config import PRESETS, RunConfig
+from .model import master_fp32
 
 GB = 1e9
 #: The GPU every documented launch line targets.
@@ -157,13 +160,27 @@ def launch_of(preset: str) -> Launch:
     return LAUNCHES.get(preset, Launch("ddp", 1))
 
 
-def preset_config(preset: str) -> RunConfig:
-    return RunConfig(**{"output_dir": "unused", **PRESETS[preset]})
+def preset_config(preset: str, **overrides: Any) -> RunConfig:
+    return RunConfig(**{"output_dir": "unused", **PRESETS[preset], **overrides})
 
 
-def preset_memory(preset: str) -> dict[str, Any]:
-    """The per-GPU bytes of ``preset`` at its launch (``LAUNCHES``): each part, the peak, whether it fits."""
-    cfg, launch = preset_config(preset), launch_of(preset)
+def gathered_bytes(cfg: RunConfig, launch: Launch) -> int:
+    """Bytes per parameter of the weights an FSDP / ZeRO-3 gather produces (generation, each layer's pass).
+
+    LoRA: the base's dtype. Full fine-tuning in bfloat16 keeps fp32 masters (``model.master_fp32``):
+    FSDP2 gathers them as bf16 (``distributed.fsdp2_bf16_params``), ZeRO-3 as they are (fp32).
+    """
+    if master_fp32(cfg):
+        return 2 if launch.config == "fsdp" else 4
+    return DTYPE_BYTES[cfg.dtype]
+
+
+def preset_memory(
+    preset: str, launch: Launch | None = None, gpu_bytes: float = GPU_BYTES, **overrides: Any
+) -> dict[str, Any]:
+    """The per-GPU bytes of ``preset`` at its launch (``LAUNCHES``, or ``launch``) with the config fields
+    ``overrides``: each part, the peak, whether it fits ``gpu_bytes``."""
+    cfg, launch = preset_config(preset, **overrides), launch or launch_of(preset)
     model = "tiny" if preset == "tiny" else cfg.model
     if model not in SHAPES:
         raise ValueError(
@@ -171,14 +188,14 @@ def preset_memory(preset: str) -> dict[str, Any]:
         )
     s = SHAPES[model]
     n = launch.processes if launch.sharded else 1
-    stored = 4 if cfg.full_finetune else DTYPE_BYTES[cfg.dtype]  # the bytes a parameter is kept in
+    gathered = gathered_bytes(cfg, launch)
     if cfg.full_finetune:
         state = 16 * s.params() / n
     else:
         state = DTYPE_BYTES[cfg.dtype] * s.params() / n + 16 * s.lora_params(
             cfg.lora_rank, cfg.lora_target_modules
         )
-    gen_weights = stored * s.params() if launch.sharded else 0
+    gen_weights = gathered * s.params() if launch.sharded else 0
     prompt = cfg.max_prompt_length or ASSUMED_PROMPT_TOKENS
     seq = prompt + cfg.max_new_tokens
     rows = cfg.prompts_per_step * cfg.group_size
@@ -193,14 +210,25 @@ def preset_memory(preset: str) -> dict[str, Any]:
     else:
         update = s.layers * layer + layer
     if launch.sharded:
-        update += 2 * s.layer_params() * stored
+        update += 2 * s.layer_params() * gathered
     scorer = cfg.logprob_chunk_tokens * s.vocab * 4 * 2
     peak = state + max(gen_weights + kv, update + scorer) + RESERVE_BYTES
     return {
         "preset": preset, "model": model, "launch": launch, "params": s.params(), "state": state,
         "gen_weights": gen_weights, "kv_cache": kv, "update": update, "scorer": scorer, "peak": peak,
-        "fits": peak <= GPU_BYTES, "prompt": prompt, "tokens": tokens,
+        "fits": peak <= gpu_bytes, "prompt": prompt, "tokens": tokens,
     }  # fmt: skip
+
+
+def smallest_launch(
+    preset: str, per_node: int = 8, max_processes: int = 1024, gpu_bytes: float = GPU_BYTES, **overrides: Any
+) -> int | None:
+    """The fewest FSDP processes, in whole nodes of ``per_node`` GPUs, at which ``preset`` (with the config
+    fields ``overrides``) fits ``gpu_bytes`` per GPU; None up to ``max_processes``."""
+    for n in range(per_node, max_processes + 1, per_node):
+        if preset_memory(preset, Launch("fsdp", n), gpu_bytes, **overrides)["fits"]:
+            return n
+    return None
 
 
 def table() -> str:

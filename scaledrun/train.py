@@ -133,8 +133,8 @@ from .distributed import (
     GlobalCounts,
     LaunchError,
     any_process,
+    before_prepare,
     check_launch,
-    deepspeed_micro_batch,
     full_params,
     global_counts,
     gradient_sync,
@@ -582,7 +582,7 @@ def _train(
     # ---- model, optimizer (the data is loaded: ``train``)
     model = load_model(cfg)
     optimizer, scheduler = build_optimizer(cfg, model)
-    deepspeed_micro_batch(accelerator)
+    before_prepare(accelerator, cfg)  # plugin settings: DeepSpeed's micro-batch, FSDP2's bf16 unshard
     # the scheduler is not prepared: an accelerate-prepared scheduler steps once per process
     model, optimizer = accelerator.prepare(model, optimizer)
     train_tasks, eval_tasks, formatted = data.train, data.eval, data.formatted

@@ -123,3 +123,81 @@ def test_fsdp2_generation_and_update_bfloat16_base_float32_lora(tiny_model, unti
     _run_worker(tmp_path, [f"tied={tiny_model}:bfloat16", f"untied={untied_model}:bfloat16"])
     _check(tmp_path, "tied", True, torch.float32)
     _check(tmp_path, "untied", False, torch.float32)
+
+
+def _check_full_bf16(tmp_path: Path, name: str, tied: bool) -> None:
+    """Full fine-tuning in bfloat16 (fp32 masters) under FSDP2 (see the worker's ``run_full``)."""
+    for rank in (0, 1):
+        r = torch.load(tmp_path / f"{name}_rank{rank}.pt", weights_only=True)
+        assert r["tied"] is tied
+        # generation holds the whole model in bfloat16: 2 B × every parameter, at every forward of the call
+        assert len(r["gen_bytes"]) >= 2  # the prefill and at least one decoding step
+        assert set(r["gen_params"]) == {r["ref_params"]}
+        assert set(r["gen_bytes"]) == {2 * r["ref_params"]}
+        assert set(r["gen_dtypes"]) == {("torch.bfloat16",)}
+        assert r["master_dtypes"] == ["torch.float32"]  # the sharded masters the optimizer steps
+        assert torch.equal(r["greedy"], r["greedy_ref"])
+        assert int((r["greedy"] != r["pad_id"]).sum(1).max()) >= 2, r["greedy"]
+        # the first step's gradients: FSDP2 reduce-scatters each process's bf16 micro-batch gradients in
+        # float32 and accumulates them in float32; the reference sums the same bf16 gradients (a plain
+        # bf16 copy of the masters, same passes) in float32. Two orders of one float32 sum of the
+        # terms = 2 processes × MICRO_BATCHES differ by at most terms × eps(float32) × Σ|terms|
+        # (rounding_tolerance, element by element; the halving is exact). A bf16 rounding anywhere in
+        # between (a gradient summed in bf16, weights gathered at another dtype) is 2^-8 relative: far over it.
+        grads, ref, gross = r["grads"], r["grads_ref"], r["grads_gross"]
+        assert grads.keys() == ref.keys() and len(ref) > 0
+        assert all(v.dtype == torch.float32 for v in grads.values())
+        assert all(float(v.abs().max()) > 0 for v in ref.values())
+        terms = 2 * MICRO_BATCHES
+        for k in ref:
+            tol = gross[k] * terms * torch.finfo(torch.float32).eps
+            assert bool(((grads[k] - ref[k]).abs() <= tol).all()), (k, max_abs_err(grads[k], ref[k]))
+
+
+#: micro-batches in the worker's first optimizer step: 2 prompts × 2 completions per process, 2 a micro-batch.
+MICRO_BATCHES = 2
+
+
+@pytest.mark.exactness
+def test_fsdp2_full_finetune_bfloat16_generates_from_bf16_weights(tiny_model, untied_model, tmp_path):
+    """Full fine-tuning in bfloat16 keeps float32 masters; under FSDP2 the trainer's
+    ``fsdp2_bf16_params`` makes every unshard gather bfloat16 copies: during a generate call the model
+    holds 2 B per parameter (not 4), and the first update's gradients equal an unsharded bf16 copy's,
+    summed in float32. Tied and untied."""
+    _run_worker(tmp_path, [f"tied={tiny_model}:bfloat16:full", f"untied={untied_model}:bfloat16:full"])
+    _check_full_bf16(tmp_path, "tied", True)
+    _check_full_bf16(tmp_path, "untied", False)
+
+
+def _fsdp2_setup(policy=None):
+    """What ``before_prepare`` reads of an FSDP2 accelerator: its flag and its real plugin."""
+    from types import SimpleNamespace
+
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, mixed_precision_policy=policy)
+    return SimpleNamespace(is_fsdp2=True, state=SimpleNamespace(fsdp_plugin=plugin)), plugin
+
+
+def test_before_prepare_sets_bf16_unshard_for_master_fp32_runs_only(tiny_model, tmp_path):
+    """The trainer's ``before_prepare``: full fine-tuning in bfloat16 gets FSDP2's bf16-param / fp32-reduce
+    policy; LoRA and float32 full fine-tuning keep the launch's (none); another policy is refused."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from scaledrun.distributed import LaunchError, before_prepare
+
+    def cfg(**kw):
+        return RunConfig(model=str(tiny_model), output_dir=str(tmp_path), **kw)
+
+    acc, plugin = _fsdp2_setup()
+    before_prepare(acc, cfg(full_finetune=True, dtype="bfloat16"))
+    assert plugin.mixed_precision_policy == MixedPrecisionPolicy(
+        param_dtype=torch.bfloat16, reduce_dtype=torch.float32
+    )
+    for kw in ({"dtype": "bfloat16"}, {"full_finetune": True, "dtype": "float32"}):
+        acc, plugin = _fsdp2_setup()
+        before_prepare(acc, cfg(**kw))
+        assert plugin.mixed_precision_policy is None, kw
+    acc, _ = _fsdp2_setup(MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16))
+    with pytest.raises(LaunchError, match="mixed_precision: 'no'"):
+        before_prepare(acc, cfg(full_finetune=True, dtype="bfloat16"))

@@ -8,6 +8,7 @@ table docs/trainer.md shows must be the one ``python -m scaledrun.memory`` print
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -101,12 +102,52 @@ def test_hand_worked_qwen2_5_math_7b():
     assert m["gen_weights"] == 0  # DDP: nothing gathered
 
 
-def test_dfpo_paper_gathers_fp32_master_weights_for_generation():
-    """Full fine-tuning under FSDP2 on 8 GPUs: generation holds all 32.76 B parameters in fp32 on each."""
+def test_dfpo_paper_generates_from_bf16_weights():
+    """Full fine-tuning in bfloat16 under FSDP2 on 8 GPUs: fp32 master state sharded 8 ways, generation
+    with all 32.76 B parameters gathered in bf16 on each GPU (``distributed.fsdp2_bf16_params``; the
+    gathered bytes are measured in tests/scaledrun/test_fsdp_train.py), and each layer the update gathers
+    in bf16 too. ZeRO-3 has no bf16 gather: it would gather the fp32 masters."""
     m = mem.preset_memory("dfpo_paper")
-    assert m["params"] == 32_762_123_264  # Qwen3-32B's published count, 32.8 B
-    assert m["gen_weights"] == 4 * m["params"]  # 131 GB
-    assert m["state"] == 16 * m["params"] / 8
+    P = m["params"]
+    assert P == 32_762_123_264  # Qwen3-32B's published count, 32.8 B
+    assert m["gen_weights"] == 2 * P  # 65.5 GB (131 GB in fp32 before)
+    assert m["state"] == 16 * P / 8
+    layer = 5120 * (8192 + 2 * 1024) + 8192 * 5120 + 3 * 5120 * 25600 + 2 * 5120 + 2 * 128
+    per_token = 2 * (6 * 5120 + 3 * 8192 + 3 * 1024 + 4 * 25600) + 4 * 2 * 5120
+    assert m["update"] == 64 * 16384 * 5120 * 2 + 2 * 16384 * per_token + 2 * layer * 2  # two bf16 layers
+    assert mem.preset_memory("dfpo_paper", mem.Launch("zero3", 8))["gen_weights"] == 4 * P
+    lora = mem.preset_memory("qwen3-8b", mem.Launch("fsdp", 8))  # LoRA: the bf16 base as it is stored
+    assert lora["gen_weights"] == 2 * mem.SHAPES["Qwen/Qwen3-8B"].params()
+
+
+#: dfpo_paper's Qwen3-32B: parameters and KV-cache bytes of one row of 2,048 + 4,096 tokens.
+P32, KV_ROW_32B = 32_762_123_264, 64 * 8 * 128 * 2 * 2 * (2048 + 4096)
+
+
+def test_dfpo_paper_smallest_launch_by_hand():
+    """What launch would fit ``dfpo_paper`` on 80 GB GPUs with the trainer as it is (FSDP2, bf16
+    generation, a smaller ``generation_batch_size``), worked by hand: generation holds the sharded state
+    16·P/n, the whole bf16 model 2·P, g rows of KV cache and the 3 GB reserve; the update phase is far
+    below it. So n ≥ 16·P / (80 GB − 3 GB − 2·P − g·KV_row), in whole nodes of 8."""
+    budget = 80e9 - 3e9 - 2 * P32  # 11.48 GB for the state and the KV cache
+    assert 16 * P32 / 8 > budget  # 8 GPUs: the state alone (65.5 GB) is over it, at any batch size
+    assert mem.smallest_launch("dfpo_paper", max_processes=8, generation_batch_size=1) is None
+    for g, n in ((1, 56), (2, 64), (3, 80)):
+        least = math.ceil(16 * P32 / (budget - g * KV_ROW_32B))
+        assert n == 8 * math.ceil(least / 8)
+        assert mem.smallest_launch("dfpo_paper", generation_batch_size=g) == n
+        m = mem.preset_memory("dfpo_paper", mem.Launch("fsdp", n), generation_batch_size=g)
+        assert m["peak"] == m["state"] + 2 * P32 + g * KV_ROW_32B + 3e9  # generation is the peak
+    assert 8 * KV_ROW_32B > budget  # 8 rows never fit, whatever the process count
+    assert mem.smallest_launch("dfpo_paper", generation_batch_size=8) is None
+    # 8 GPUs of 141 GB (H200): 134 GB + g·1.61 GB fits up to g = 4
+    assert mem.smallest_launch("dfpo_paper", gpu_bytes=141e9, generation_batch_size=4) == 8
+    assert (
+        16 * P32 / 8 + 2 * P32 + 4 * KV_ROW_32B + 3e9 <= 141e9 < 16 * P32 / 8 + 2 * P32 + 5 * KV_ROW_32B + 3e9
+    )
+    assert (
+        mem.smallest_launch("dfpo_paper", gpu_bytes=141e9, max_processes=8, generation_batch_size=5) is None
+    )
 
 
 @pytest.mark.parametrize(
@@ -116,10 +157,12 @@ def test_dfpo_paper_gathers_fp32_master_weights_for_generation():
             p,
             marks=pytest.mark.xfail(
                 strict=True,
-                reason="dfpo_paper (Qwen3-32B, full fine-tuning) generates on each GPU with the whole model "
-                "gathered: 131 GB of fp32 master weights today (65.5 GB in bf16, still over 80 GB with the "
-                "65.5 GB of sharded fp32 state on 8 GPUs) plus a 103 GB KV cache at generation_batch_size "
-                "64; it needs tensor-parallel generation, which the trainer does not have",
+                reason="dfpo_paper (Qwen3-32B, full fine-tuning, FSDP2 on 8 GPUs) generates on each GPU with "
+                "the whole model gathered in bf16: 65.5 GB beside the 65.5 GB of sharded fp32 state and the "
+                "3 GB reserve, 134 GB before any KV cache (103 GB at generation_batch_size 64, 1.6 GB a "
+                "row). On 80 GB GPUs it fits at 56 processes (7 nodes of 8) with generation_batch_size 1, "
+                "64 with 2 (test_dfpo_paper_smallest_launch_by_hand); on 8 × 141 GB at 4. A practical run "
+                "needs tensor-parallel generation, which the trainer does not have",
             ),
         )
         if p == "dfpo_paper"
