@@ -210,7 +210,9 @@ def fsdp2_bf16_params(accelerator: Any, master_fp32: bool) -> None:
     parameter instead of 4 (the whole model during generation: 65.5 GB for Qwen3-32B instead of 131), the
     bfloat16 gradients are reduce-scattered and accumulated across micro-batches in float32. The passes
     still run under the trainer's bfloat16 autocast (``model.compute_precision``): on bfloat16 weights it
-    changes nothing but the ops autocast keeps in float32. Tested with 2 gloo processes on CPU
+    changes nothing but the ops autocast keeps in float32. The passes then compute as a bf16 model does
+    (embedding, norms, residual stream in bf16), unlike one process or DDP, whose autocast keeps the fp32
+    embedding and norm weights (an fp32 residual stream): verl's FSDP mixed precision does the same. Tested with 2 gloo processes on CPU
     (tests/scaledrun/test_fsdp_train.py, ``full_bf16``): the gathered bytes, greedy tokens and the first
     update's gradients against an unsharded bfloat16 copy accumulating in float32. A no-op for any other run.
     """
