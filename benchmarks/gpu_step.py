@@ -70,7 +70,7 @@ import torch
 from benchmarks.trainer_vs_trl import DEFAULT_CONFIG, step_clock, trl_trainer
 from scaledrun.config import RunConfig, load_config
 from scaledrun.memory import SHAPES, Shape
-from scaledrun.rewards import register_reward
+from scaledrun.rewards import REWARDS, register_reward
 from scaledrun.runlog import RunLogger
 from scaledrun.tiny import build_tiny
 from scaledrun.train import train
@@ -96,9 +96,9 @@ PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}
 _coin = random.Random(0)
 
 
-@register_reward("coin_flip")
 def coin_flip(prompts: Sequence[str], completions: Sequence[str], answers: Sequence[str]) -> list[float]:
-    """1 or 0 with probability 1/2 each, whatever the completion (the benchmark's reward)."""
+    """1 or 0 with probability 1/2 each, whatever the completion (the benchmark's reward, registered as
+    ``coin_flip`` by ``main``: importing this module registers nothing)."""
     return [float(_coin.random() < 0.5) for _ in completions]
 
 
@@ -338,7 +338,7 @@ def run_trl(cfg: RunConfig, out_dir: Path) -> list[StepMeter]:
         type(clock).on_step_end(clock, *a, **kw)
         s = meter.now
         s.step_s = clock.secs[-1]
-        s.upd_s = time.perf_counter() - marks["gen_end"]
+        s.upd_s = clock.t1 - marks["gen_end"]  # so step ≥ gen + upd exactly
         meter.mark_step()
 
     clock.on_step_end = on_step_end
@@ -408,16 +408,24 @@ def peak_tflops(given: float | None) -> float | None:
     return next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
 
 
+#: The table's columns after config and trainer, and their widths (each field has a space before it, so a
+#: wide number never runs into its neighbour).
+COLUMNS = (("step s", 9), ("gen s", 9), ("upd s", 9), ("tokens", 9), ("tok/s", 10), ("dec steps", 9),
+           ("dec ms", 9), ("upd tok", 10), ("MFU %", 8), ("peak GiB", 8))  # fmt: skip
+
+
 def table(results: list[Result], flops_per_token: float, peak: float | None) -> list[str]:
-    head = (
-        f"{'config':<16}{'trainer':<8}{'step s':>9}{'gen s':>9}{'upd s':>9}{'tokens':>9}{'tok/s':>10}"
-        f"{'dec steps':>10}{'dec ms':>9}{'upd tok':>10}{'MFU %':>8}{'peak GiB':>9}"
-    )
+    def line(config: str, trainer: str, fields: Sequence[str]) -> str:
+        return f"{config:<16}{trainer:<7}" + "".join(
+            f" {f:>{w}}" for f, (_, w) in zip(fields, COLUMNS, strict=True)
+        )
+
+    head = line("config", "trainer", [c for c, _ in COLUMNS])
     lines = [head, "-" * len(head)]
     for r in results:
         if r.skipped or r.failed:
             lines.append(
-                f"{r.config:<16}{r.trainer:<8}  {'skipped' if r.skipped else 'FAILED'}: {r.skipped or r.failed}"
+                f"{r.config:<16}{r.trainer:<7}  {'skipped' if r.skipped else 'FAILED'}: {r.skipped or r.failed}"
             )
             continue
         timed = r.steps[1:]
@@ -430,10 +438,9 @@ def table(results: list[Result], flops_per_token: float, peak: float | None) -> 
         dec_ms = f"{1e3 * mean('generate_s') / dec_steps:.3f}" if dec_steps else "n/a"
         mfu = "n/a" if peak is None else f"{100 * upd_tok * flops_per_token / (upd_s * peak * 1e12):.3f}"
         mem = "n/a" if r.peak_gib is None else f"{r.peak_gib:.2f}"
-        lines.append(
-            f"{r.config:<16}{r.trainer:<8}{step_s:>9.4f}{gen_s:>9.4f}{upd_s:>9.4f}{tokens:>9.1f}"
-            f"{tokens / gen_s:>10.1f}{dec_steps:>10.1f}{dec_ms:>9}{upd_tok:>10.1f}{mfu:>8}{mem:>9}"
-        )
+        fields = [f"{step_s:.4f}", f"{gen_s:.4f}", f"{upd_s:.4f}", f"{tokens:.1f}", f"{tokens / gen_s:.1f}"]
+        fields += [f"{dec_steps:.1f}", dec_ms, f"{upd_tok:.1f}", mfu, mem]
+        lines.append(line(r.config, r.trainer, fields))
     return lines
 
 
@@ -462,6 +469,8 @@ def main(argv: list[str] | None = None) -> int:
         args.max_new_tokens = 32 if args.shape == "tiny" else 512
     if args.dtype is None:
         args.dtype = "bfloat16" if torch.cuda.is_available() else "float32"
+    if "coin_flip" not in REWARDS:
+        register_reward("coin_flip")(coin_flip)
     warnings.filterwarnings("ignore")
     import transformers
 

@@ -184,7 +184,7 @@ class StepClock:
 
     def __init__(self, sync: Any = None) -> None:
         self.secs: list[float] = []
-        self.t0 = 0.0
+        self.t0 = self.t1 = 0.0  # the last step's begin and end
         self.sync = sync or (lambda: None)
 
     def on_step_begin(self, args, state, control, **kw):
@@ -193,7 +193,8 @@ class StepClock:
 
     def on_step_end(self, args, state, control, **kw):
         self.sync()
-        self.secs.append(time.perf_counter() - self.t0)
+        self.t1 = time.perf_counter()
+        self.secs.append(self.t1 - self.t0)
 
 
 def step_clock(sync: Any = None) -> Any:
