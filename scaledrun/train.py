@@ -165,33 +165,12 @@ from .tasks import reward_columns
 #: ``evaluate.FORM_KEYS`` when the eval tasks carry ≥ 2 equally correct forms). Each reward function of
 #: ``reward`` adds ``rewards/<name>/mean``, its own mean beside the weighted sum ``reward/mean`` (TRL's key).
 STEP_KEYS = (
-    *METRIC_KEYS,
-    "sampled_reward",
-    "reward/mean",
-    "reward/std",
-    "accuracy",
-    "reward_failures",
-    "completion_length",
-    "truncated_frac",
-    "truncation/dropped_groups",
-    "truncation/no_update",
-    "entropy",
-    *RESIDUAL_KEYS,
-    *FLIP_KEYS,
-    *ENERGY_KEYS,
-    "grad_norm",
-    "score/rows",
-    "score/rows_per_completion",
-    "score/padding_frac",
-    "lr",
-    "opt_steps",
-    "updated",
-    "buffer_groups",
-    "time/step_s",
-    "time/generate_s",
-    "time/update_s",
-    "time/tokens_per_s",
-)
+    *METRIC_KEYS, "sampled_reward", "reward/mean", "reward/std", "accuracy", "reward_failures",
+    "completion_length", "truncated_frac", "truncation/dropped_groups", "truncation/no_update", "entropy",
+    *RESIDUAL_KEYS, *FLIP_KEYS, *ENERGY_KEYS, "grad_norm", "score/rows", "score/rows_per_completion",
+    "score/padding_frac", "lr", "opt_steps", "updated", "buffer_groups",
+    "time/step_s", "time/generate_s", "time/update_s", "time/tokens_per_s",
+)  # fmt: skip
 #: Groups the reward-balanced buffer holds at most, in units of ``prompts_per_step``.
 BUFFER_CAPACITY = 4
 
