@@ -188,6 +188,13 @@ def classify(cmd: Command) -> str | None:
         if not _value(list(a), "--num_processes") or not _value(list(a), "--num_processes").isdigit():
             return "a placeholder process count (N GPUs)"
         return None
+    if cmd.page == "docs/plugins.md" and (
+        a[:2] == ("accelerate", "launch") or a[:2] == ("trl", "vllm-serve")
+    ):
+        return (
+            "a TRL launch with vLLM (docs/plugins.md, section TRL): needs GPUs, vLLM and a hub model; "
+            "tests/scaledrun/test_trl_plugin.py runs the plug-in on CPU"
+        )
     if "/tmp/verlvenv" in cmd.text:
         return (
             "verl's venv of its own (docs/plugins.md, section verl): verl 0.9.1 adds about 1 GB and pins "
@@ -289,7 +296,8 @@ def test_every_readme_python_option_exists():
             args = a[3:] if a[1] == "-m" else a[2:]
             _check_options(cmd.program, _options(args[: args.index("--")] if "--" in args else args), cmd)
         elif a[:2] == ["accelerate", "launch"]:
-            _check_options("accelerate.commands.launch", _options(a[2 : a.index("-m")]), cmd)
+            end = a.index("-m") if "-m" in a else next(i for i, v in enumerate(a) if v.endswith(".py"))
+            _check_options("accelerate.commands.launch", _options(a[2:end]), cmd)
             _check_options("scaledrun.train", _options(cmd.trainer_args()), cmd)
 
 
