@@ -21,7 +21,8 @@ replace GRPOConfig fields of the same name: ``epsilon`` is grpo_symclip's symmet
 2. at the first micro-batch of every optimizer step, the current log-probs of the whole mini-batch (the
    ``gradient_accumulation_steps`` slices the step accumulates, whole groups) come from no-grad passes (or are
    the old ones, on-policy), and one ``cancellation.update.coefficients`` call gives its coefficients
-   c = ∂J/∂logp (Advantage Reweighting applied to the advantages first);
+   c = ∂J/∂logp (Advantage Reweighting applied to the advantages first; under Lopti one call per stage, every
+   stage but the last an optimizer step of its own, taken here in one process, as ``scaledrun.train`` does);
 3. each micro-batch backpropagates −W·Σ c·logp of its rows (W: processes, for DDP's mean), so the accumulated
    gradient is the mini-batch's exact gradient for every objective, transform and aggregation, whatever
    ``steps_per_generation`` and ``num_iterations`` are (``tests/scaledrun/test_trl_plugin.py``);
@@ -47,7 +48,7 @@ from torch import Tensor
 from cancellation import METRIC_KEYS, group_advantages, reweight_advantages
 from cancellation.diagnostics import prefix_event_keys
 from cancellation.objectives import compute_loss as objective_loss
-from cancellation.update import CancellationMeter, coefficients
+from cancellation.update import CancellationMeter, MeterTotals, coefficients, lopti_stage_advantages
 
 from .config import ObjectiveConfig
 
@@ -198,13 +199,14 @@ class CancellationGRPOTrainer(GRPOTrainer):
                 "CancellationGRPOTrainer needs args=CancellationGRPOConfig(...) (a GRPOConfig with the objective "
                 f"fields), got {type(config).__name__}"
             )
-        if config.lopti_eta is not None:
-            raise ValueError(
-                "CancellationGRPOConfig: `lopti_eta` (Lopti's two stages) is not supported by the TRL plug-in: "
-                "each stage is an optimizer step of its own, which TRL's step schedule cannot add; use "
-                "scaledrun.train for Lopti (docs/plugins.md)"
-            )
         super().__init__(*args, **kwargs)
+        if config.lopti_eta is not None and self.accelerator.num_processes > 1:
+            raise ValueError(
+                "CancellationGRPOConfig: `lopti_eta` (Lopti's two stages) runs in one process only in the TRL "
+                "plug-in: its first stage is an optimizer step the plug-in takes inside TRL's step, outside "
+                "DDP's, DeepSpeed's or FSDP's gradient synchronisation; launch one process, or use scaledrun.train "
+                "(docs/plugins.md)"
+            )
         if self.aux_loss_enabled:
             raise ValueError(
                 "CancellationGRPOTrainer: the model's MoE router auxiliary loss is added by TRL's own loss, which "
@@ -301,7 +303,10 @@ class CancellationGRPOTrainer(GRPOTrainer):
         return params
 
     def _minibatch_coefficients(self, j: int, *, on_policy: bool) -> list[Tensor]:
-        """Coefficients of optimizer step ``j`` of the generation batch, one (b, T) tensor per micro-batch."""
+        """Coefficients of optimizer step ``j`` of the generation batch, one (b, T) tensor per micro-batch.
+
+        With Lopti (``lopti_eta``) every stage but the last is an optimizer step taken here (``_inner_step``),
+        as ``scaledrun.train`` takes one per stage; the last stage's coefficients go to TRL's step."""
         cfg: CancellationGRPOConfig = self.args  # type: ignore[assignment]
         ga = self.args.gradient_accumulation_steps
         slices = self._buffered_inputs[j * ga : (j + 1) * ga]
@@ -314,13 +319,32 @@ class CancellationGRPOTrainer(GRPOTrainer):
         if on_policy and old is not None:
             logp = old  # the weights that scored them: no pass (as scaledrun's first optimizer step)
         else:
-            with torch.no_grad():  # the same slices as the backward passes
-                logp = torch.cat([self._logps(self.model, s)[0] for s in slices], dim=0)
+            logp = self._current_logps(slices)
         old = logp if old is None else old  # TRL: no old pass when the update is on-policy
         adv = sub["advantages"]
         if cfg.ar_alpha is not None:
             # Advantage Reweighting (Lopti paper §4.1, eq. 4): per-token A·[α·π_old + (1 − α)]
             adv = reweight_advantages(adv, old, cfg.ar_alpha)
+        if cfg.lopti_eta is not None:
+            # Lopti (Lopti paper §4.2): the low-probability tokens' stage first, then the rest
+            stages = lopti_stage_advantages(adv, old, mask, cfg.lopti_eta)
+            for stage in stages[:-1]:
+                coef = self._coefficients(sub, logp, old, stage, mask)
+                self._inner_step(slices, list(coef.split(b)))
+                logp = self._current_logps(slices)  # the stage moved the weights
+            adv = stages[-1] if stages else torch.zeros_like(old)
+        return list(self._coefficients(sub, logp, old, adv, mask).split(b))
+
+    def _current_logps(self, slices: list[dict[str, Any]]) -> Tensor:
+        """No-grad passes over the micro-batches (the same slices as the backward passes)."""
+        with torch.no_grad():
+            return torch.cat([self._logps(self.model, s)[0] for s in slices], dim=0)
+
+    def _coefficients(
+        self, sub: dict[str, Any], logp: Tensor, old: Tensor, adv: Tensor, mask: Tensor
+    ) -> Tensor:
+        """One ``cancellation.update.coefficients`` call on the whole mini-batch, with the global counts."""
+        cfg: CancellationGRPOConfig = self.args  # type: ignore[assignment]
         local = torch.tensor(
             [float(mask.sum()), float(mask.shape[0])], dtype=torch.float64, device=mask.device
         )
@@ -335,7 +359,23 @@ class CancellationGRPOTrainer(GRPOTrainer):
             # weights each token's (or sequence's) term, as TRL's own loss does: docs/plugins.md
             coef = coef * sub["importance_sampling_ratio"].to(coef.dtype)
         self._log_update(sub, mask, coef, co.metrics, float(co.loss))
-        return list(coef.split(b))
+        return coef
+
+    def _inner_step(self, slices: list[dict[str, Any]], coefs: list[Tensor]) -> None:
+        """One optimizer step on the mini-batch's coefficients (a Lopti stage before TRL's own step; one
+        process: ``__init__`` refuses more): a backward pass per micro-batch, TRL's gradient clipping, the
+        optimizer's step (the wrapped optimizer's own ``step`` would skip inside an accumulation window)."""
+        for inputs, coef in zip(slices, coefs, strict=True):
+            logp, _ = self._logps(self.model, inputs, entropy=True)  # the same kernel call as the loss pass
+            mask = self._mask(inputs)
+            logp = torch.where(mask.bool(), logp, torch.zeros_like(logp))
+            self.accelerator.backward(-(coef.detach().to(logp.dtype) * logp).sum())
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if self.args.max_grad_norm is not None and self.args.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm)
+        optimizer = getattr(self.optimizer, "optimizer", self.optimizer)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
 
     def _log_update(
         self, sub: dict[str, Any], mask: Tensor, coef: Tensor, metrics: dict[str, float], loss: float
@@ -348,8 +388,6 @@ class CancellationGRPOTrainer(GRPOTrainer):
         for k, v in zip(keys, values.tolist(), strict=True):
             self._metrics["train"][f"cancellation/{k}"].append(v)
         sums = torch.tensor(meter_totals(sub["completion_ids"], mask, sub["group"], coef), device=dev)
-        from cancellation.update import MeterTotals
-
         totals = MeterTotals.from_list(self.accelerator.reduce(sums.double(), "sum").tolist())
         for k, v in totals.residuals().items():
             self._metrics["train"][f"cancellation/{k}"].append(v)

@@ -19,6 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 import scaledrun.train as tr
 from cancellation.update import RESIDUAL_KEYS
@@ -139,18 +140,37 @@ def run_scaledrun(tiny_model, tmp_path, fields, iterations=1, micro=0, lr=LR, mo
 
 
 class _Grab:
-    """Records the gradients of each optimizer step (``on_pre_optimizer_step``: after accumulation)."""
+    """Records the gradients of every optimizer step: a step pre-hook on the trainer's optimizer (registered
+    when training begins), so a step the plug-in takes itself (a Lopti stage) is recorded too."""
 
     def __init__(self):
         self.grads: list[dict[str, torch.Tensor]] = []
 
-    def on_pre_optimizer_step(self, args, state, control, model=None, **kw):
-        self.grads.append(
-            {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-        )
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, **kw):
+        names = {id(p): n for n, p in model.named_parameters()}
+        raw = getattr(optimizer, "optimizer", optimizer)
+
+        def record(opt, a, k):
+            grads = {names[id(p)]: p.grad.detach().clone() for g in opt.param_groups for p in g["params"]}
+            self.grads.append(grads)
+
+        raw.register_step_pre_hook(record)
 
 
-def run_trl(tiny_model, tmp_path, batch, fields, *, plugin=True, iterations=1, spg=1, trl=None, lr=LR):
+def run_trl(
+    tiny_model,
+    tmp_path,
+    batch,
+    fields,
+    *,
+    plugin=True,
+    iterations=1,
+    spg=1,
+    trl=None,
+    lr=LR,
+    peft=None,
+    **extra,
+):
     """(gradients of each optimizer step, weights after training, trainer) of TRL's GRPOTrainer (``plugin``:
     CancellationGRPOTrainer) on ``batch``'s prompts, completions and rewards."""
     from datasets import Dataset
@@ -188,6 +208,7 @@ def run_trl(tiny_model, tmp_path, batch, fields, *, plugin=True, iterations=1, s
         optim="adamw_torch", max_steps=iterations, shuffle_dataset=False, logging_steps=1, save_strategy="no",
         report_to="none", disable_tqdm=True, dataloader_num_workers=0, seed=0, mask_truncated_completions=False,
     )  # fmt: skip
+    common.update(extra)
     if plugin:
         args = CancellationGRPOConfig(**common, **fields)
         cls = CancellationGRPOTrainer
@@ -198,7 +219,7 @@ def run_trl(tiny_model, tmp_path, batch, fields, *, plugin=True, iterations=1, s
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float64)
     trainer = cls(
         model=model, reward_funcs=replayed_reward, args=args, train_dataset=Dataset.from_dict({"prompt": texts}),
-        processing_class=tokenizer, rollout_func=rollout,
+        processing_class=tokenizer, rollout_func=rollout, peft_config=peft,
         callbacks=[grab],
     )  # fmt: skip
     trainer.train()
@@ -212,13 +233,13 @@ def _assert_same(got: dict, want: dict, what: str, tol: float):
     assert err <= tol, f"{what}: max |Δ| {err:.3g} > {tol:.3g}"
 
 
-def grad_tolerance(grads: dict, batch) -> float:
+def grad_tolerance(grads: dict, batch, vocab: int | None = None) -> float:
     """The rounding bound of the gradients compared: TRL scores every token with its float32 log-softmax
     over the vocabulary (``trl.kernels.chunked_logprob``, float32 whatever the model's dtype), and the
     gradient sums the tokens' terms: ``rounding_tolerance(max |g|, V × tokens, float32)``."""
     scale = max(float(t.abs().max()) for t in grads.values())
     assert scale > 0, "all-zero gradient"
-    vocab = next(t.shape[0] for n, t in grads.items() if "embed_tokens" in n)
+    vocab = vocab or next(t.shape[0] for n, t in grads.items() if "embed_tokens" in n)
     return rounding_tolerance(scale, vocab * int(batch.completion_mask.sum()), torch.float32)
 
 
@@ -290,6 +311,30 @@ def test_trl_plugin_accumulation_and_iterations_equal_scaledrun(
         _assert_same(
             grads[k], sr_steps[k], f"{name}: step {k + 1} gradients", grad_tolerance(sr_steps[k], batch)
         )
+
+
+#: Lopti alone and with Advantage Reweighting (the Lopti paper's η 0.5 with AR; here both stages hold tokens).
+LOPTI = [
+    ("lopti", {"objective": "grpo", "lopti_eta": 0.5}),
+    ("lopti-ar", {"objective": "grpo", "ar_alpha": 0.3, "lopti_eta": 0.5}),
+    ("lopti-gspo", {"objective": "gspo", "lopti_eta": 0.5}),
+]
+
+
+@pytest.mark.parametrize("spg", [1, 2])
+@pytest.mark.parametrize(("name", "fields"), LOPTI, ids=[n for n, _ in LOPTI])
+def test_trl_plugin_lopti_stages_equal_scaledrun(tiny_model, tmp_path, monkeypatch, name, fields, spg):
+    """Lopti's two stages are two optimizer steps in both trainers (the plug-in takes the first inside TRL's
+    step): both steps' gradients, in one pass and accumulated over 2 micro-batches; the second stage's
+    log-probs are those of the weights the first stage moved (``LR_ITER``)."""
+    batch, sr_steps, _ = run_scaledrun(
+        tiny_model, tmp_path, fields, micro=G if spg == 2 else 0, lr=LR_ITER, monkeypatch=monkeypatch
+    )
+    grads, _, _ = run_trl(tiny_model, tmp_path, batch, fields, spg=spg, lr=LR_ITER)
+    assert len(grads) == len(sr_steps) == 2
+    for k in range(2):
+        tol = grad_tolerance(sr_steps[k], batch)
+        _assert_same(grads[k], sr_steps[k], f"{name}: stage {k + 1} gradients", tol)
 
 
 #: (objective fields, TRL's loss under accumulation) of the two objectives TRL's own loss computes. Token-mean
@@ -401,3 +446,35 @@ def test_trl_plugin_refuses_a_group_split_between_processes():
     check_layout(
         SimpleNamespace(**{**vars(args), "per_device_train_batch_size": 4})
     )  # whole groups: accepted
+
+
+def test_trl_plugin_trains_a_peft_adapter_with_gradient_checkpointing(tiny_model, tmp_path):
+    """PEFT and gradient checkpointing pass through: TRL wraps the model in the adapter (the base weights do
+    not move, every LoRA B does), and checkpointing recomputes the forward without changing the gradients
+    (DFPO Orth-Proj, two iterations so the second step is off-policy)."""
+    from peft import LoraConfig
+
+    fields = {"objective": "dfpo", "transform": "orth_proj"}
+    batch, _, _ = run_scaledrun(tiny_model, tmp_path, fields)  # the chosen batch
+    lora = dict(r=4, lora_alpha=8.0, target_modules=["q_proj", "v_proj"])
+    runs = {
+        ckpt: run_trl(
+            tiny_model, tmp_path / str(ckpt), batch, fields, iterations=2, spg=2, lr=LR_ITER,
+            peft=LoraConfig(**lora), gradient_checkpointing=ckpt,
+        )
+        for ckpt in (False, True)
+    }  # fmt: skip
+    grads, weights, trainer = runs[True]
+    assert trainer.model.is_gradient_checkpointing
+    assert set(grads[0]) == {n for n, p in trainer.model.named_parameters() if p.requires_grad}
+    assert grads[0] and all("lora_" in n for n in grads[0])
+    base = dict(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float64).named_parameters())
+    for name, value in weights.items():
+        if "lora_B" in name:
+            assert float(value.abs().max()) > 0, name  # B starts at 0: the update moved it
+        elif "lora_" not in name:
+            key = name.replace("base_model.model.", "").replace(".base_layer", "")
+            assert torch.equal(value, base[key].detach()), name
+    for k in range(2):
+        tol = grad_tolerance(grads[k], batch, vocab=trainer.model.config.vocab_size)
+        _assert_same(grads[k], runs[False][0][k], f"step {k + 1}: checkpointed", tol)
