@@ -91,11 +91,8 @@ from scaledrun.tiny import build_tiny
 from scaledrun.train import train
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "scaledrun" / "configs" / "default.yaml"
-#: TRL's (epsilon, epsilon_high) when the run config leaves them unset: the objectives' own defaults
-#: (cancellation/objectives.py: grpo 0.2/0.2, gspo GSPO's 3e-4/4e-4).
-DEFAULT_EPS = {"grpo": (0.2, 0.2), "gspo": (3e-4, 4e-4)}
-#: Our default aggregation of each objective and the TRL ``loss_type`` that computes the same mean.
-TRL_LOSS_TYPE = {"grpo": "bnpo", "gspo": "grpo"}  # token-mean ≡ bnpo; seq-mean-token-mean ≡ grpo
+#: The objectives TRL's own loss computes (their mapping onto GRPOConfig: ``scaledrun.trl_plugin.trl_loss_settings``).
+OBJECTIVES = ("grpo", "gspo")
 
 
 def run_config(args: argparse.Namespace, objective: str, out_dir: Path) -> RunConfig:
@@ -133,9 +130,8 @@ def time_ours(cfg: RunConfig) -> tuple[list[float], list[float]]:
 def trl_config(cfg: RunConfig, out_dir: Path) -> Any:
     from trl import GRPOConfig
 
-    eps_low, eps_high = DEFAULT_EPS[cfg.objective]
-    eps_low = cfg.epsilon_low if cfg.epsilon_low is not None else eps_low
-    eps_high = cfg.epsilon_high if cfg.epsilon_high is not None else eps_high
+    from scaledrun.trl_plugin import trl_loss_settings
+
     batch = cfg.prompts_per_step * cfg.group_size
     return GRPOConfig(
         output_dir=str(out_dir),
@@ -156,11 +152,7 @@ def trl_config(cfg: RunConfig, out_dir: Path) -> Any:
         top_p=cfg.top_p,
         top_k=0,
         mask_truncated_completions=cfg.truncation == "mask",
-        scale_rewards=cfg.adv_scale,
-        loss_type=TRL_LOSS_TYPE[cfg.objective],
-        importance_sampling_level="sequence" if cfg.objective == "gspo" else "token",
-        epsilon=eps_low,
-        epsilon_high=eps_high,
+        **trl_loss_settings(cfg),  # loss_type, importance_sampling_level, epsilon(_high), scale_rewards
         beta=0.0,
         learning_rate=cfg.lr,
         weight_decay=cfg.weight_decay,
@@ -273,7 +265,7 @@ def main() -> None:
     ap.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     ap.add_argument("--steps", type=int, default=10, help="RL steps per run (the first is a warm-up)")
     ap.add_argument("--repeats", type=int, default=3, help="alternating rounds (ours, TRL) per objective")
-    ap.add_argument("--objectives", nargs="+", default=["grpo", "gspo"], choices=list(DEFAULT_EPS))
+    ap.add_argument("--objectives", nargs="+", default=["grpo", "gspo"], choices=list(OBJECTIVES))
     ap.add_argument("--group-size", dest="group_size", type=int, default=8)
     ap.add_argument("--prompts-per-step", dest="prompts_per_step", type=int, default=4)
     ap.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=16)

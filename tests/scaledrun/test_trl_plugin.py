@@ -22,6 +22,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import scaledrun.train as tr
+from cancellation.batching import split_minibatches
 from cancellation.update import RESIDUAL_KEYS
 from scaledrun.config import ObjectiveConfig
 from scaledrun.data import load_tasks
@@ -36,6 +37,7 @@ from scaledrun.trl_plugin import (
     trl_loss_settings,
 )
 
+from ..conftest import SEED
 from ..exactness import close, max_abs_err, rounding_tolerance
 from .test_train import make_cfg
 
@@ -157,28 +159,20 @@ class _Grab:
         raw.register_step_pre_hook(record)
 
 
-def run_trl(
-    tiny_model,
-    tmp_path,
-    batch,
-    fields,
-    *,
-    plugin=True,
-    iterations=1,
-    spg=1,
-    trl=None,
-    lr=LR,
-    peft=None,
-    **extra,
-):
+def run_trl(tiny_model, tmp_path, batch, fields, *, plugin=True, iterations=1, spg=1, ga=None, **kw):
     """(gradients of each optimizer step, weights after training, trainer) of TRL's GRPOTrainer (``plugin``:
-    CancellationGRPOTrainer) on ``batch``'s prompts, completions and rewards."""
+    CancellationGRPOTrainer) on ``batch``'s prompts, completions and rewards. ``ga``: gradient accumulation
+    steps (default ``spg``: one optimizer step per generation); ``kw``: ``trl`` (TRL's own loss settings),
+    ``lr``, ``peft`` (a LoraConfig), ``order`` (the groups' order in the dataset), other GRPOConfig fields."""
+    trl, lr, peft, order = kw.pop("trl", None), kw.pop("lr", LR), kw.pop("peft", None), kw.pop("order", None)
+    extra = kw
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model, padding_side="left")
     texts = list(dict.fromkeys(batch.prompts))
+    texts = texts if order is None else [texts[k] for k in order]  # the dataset's (the generation's) order
     p = batch.prompt_len
     rows_of = {t: [i for i in range(len(batch)) if batch.prompts[i] == t] for t in texts}
     completion = [
@@ -202,10 +196,10 @@ def run_trl(
     per_device = len(batch) // spg
     common = dict(
         output_dir=str(tmp_path / ("plugin" if plugin else "trl")), use_cpu=True, bf16=False,
-        per_device_train_batch_size=per_device, gradient_accumulation_steps=spg, steps_per_generation=spg,
+        per_device_train_batch_size=per_device, gradient_accumulation_steps=ga or spg, steps_per_generation=spg,
         num_generations=G, num_iterations=iterations, max_completion_length=batch.completion_mask.shape[1],
         temperature=1.0, learning_rate=lr, lr_scheduler_type="constant", max_grad_norm=0.0, weight_decay=0.0,
-        optim="adamw_torch", max_steps=iterations, shuffle_dataset=False, logging_steps=1, save_strategy="no",
+        optim="adamw_torch", max_steps=iterations * spg // (ga or spg), shuffle_dataset=False, logging_steps=1, save_strategy="no",
         report_to="none", disable_tqdm=True, dataloader_num_workers=0, seed=0, mask_truncated_completions=False,
     )  # fmt: skip
     common.update(extra)
@@ -311,6 +305,24 @@ def test_trl_plugin_accumulation_and_iterations_equal_scaledrun(
         _assert_same(
             grads[k], sr_steps[k], f"{name}: step {k + 1} gradients", grad_tolerance(sr_steps[k], batch)
         )
+
+
+def test_trl_plugin_two_optimizer_steps_per_generation_equal_scaledrun(tiny_model, tmp_path, monkeypatch):
+    """``steps_per_generation`` 2 with ``gradient_accumulation_steps`` 1: two optimizer steps per generation,
+    one whole group each, against ``num_minibatches`` 2 (query batching). The plug-in keeps the generation
+    order, so the TRL dataset lists the prompts in the order scaledrun's split draws them (its generator
+    replayed: ``step_seed``, as ``scaledrun.train`` seeds it). DFPO Orth-Proj: the second step is off-policy."""
+    fields = {"objective": "dfpo", "transform": "orth_proj"}
+    batch, sr_steps, _ = run_scaledrun(
+        tiny_model, tmp_path, {**fields, "num_minibatches": 2}, lr=LR_ITER, monkeypatch=monkeypatch
+    )
+    generator = torch.Generator().manual_seed(tr.step_seed(SEED, 1, 0) + 1)
+    parts = split_minibatches(batch.group, 2, "query", generator)
+    order = [int(batch.group[rows[0]]) for rows in parts]
+    grads, _, _ = run_trl(tiny_model, tmp_path, batch, fields, spg=2, ga=1, lr=LR_ITER, order=order)
+    assert len(grads) == len(sr_steps) == 2
+    for k in range(2):
+        _assert_same(grads[k], sr_steps[k], f"step {k + 1} gradients", grad_tolerance(sr_steps[k], batch))
 
 
 #: Lopti alone and with Advantage Reweighting (the Lopti paper's η 0.5 with AR; here both stages hold tokens).
