@@ -69,6 +69,7 @@ import torch
 
 from benchmarks.trainer_vs_trl import DEFAULT_CONFIG, step_clock, trl_trainer
 from scaledrun.config import RunConfig, load_config
+from scaledrun.distributed import LaunchError
 from scaledrun.memory import SHAPES, Shape
 from scaledrun.rewards import REWARDS, register_reward
 from scaledrun.runlog import RunLogger
@@ -318,6 +319,8 @@ def run_config(args: argparse.Namespace, model_dir: Path, name: str | None, out_
         "--inner_epochs", "1", "--num_minibatches", "1", "--beta", "0.0", "--dtype", args.dtype,
         "--truncation", "keep", "--reward", "coin_flip", "--lora_rank", str(args.lora_rank),
         "--lora_alpha", str(2 * args.lora_rank), "--gradient_checkpointing", "true",
+        # all of a step's rows in one call (compile_decode needs a fixed call size)
+        "--generation_batch_size", str(args.group_size * args.prompts_per_step),
     ]  # fmt: skip
     return load_config(str(DEFAULT_CONFIG), overrides + (CONFIGS[name] if name else []))
 
@@ -387,7 +390,7 @@ def measured(config: str, trainer: str, run: Any) -> Result:
     try:
         res.steps = run()
     except Exception as err:
-        if isinstance(err, ValueError) and str(err).startswith("config field"):
+        if isinstance(err, (ValueError, LaunchError)) and str(err).startswith("config field"):
             res.skipped = str(err)  # the config's own refusal, raised where the device is known
         else:
             traceback.print_exc()

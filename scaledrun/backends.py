@@ -129,7 +129,12 @@ def generation_config(sampling: Sampling) -> Any:
     sample = (
         {"do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": 0}
         if sampling.do_sample
-        else {"do_sample": False, "temperature": 1.0, "top_p": 1.0, "top_k": 0}
+        else {
+            "do_sample": False,
+            "temperature": 1.0,
+            "top_p": 1.0,
+            "top_k": None,
+        }  # greedy: no top-k to warn about
     )
     return GenerationConfig(
         max_new_tokens=sampling.max_new_tokens, eos_token_id=list(sampling.stop_ids),

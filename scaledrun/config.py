@@ -559,6 +559,12 @@ class RunConfig(ObjectiveConfig, _RunSetup):
             bad("rollout_merge", "needs a LoRA adapter to merge; full_finetune has none (set it false)")
         if self.compile_decode and self.generation_cache != "static":
             bad("compile_decode", "needs generation_cache static (a dynamic cache cannot be compiled once)")
+        if self.compile_decode and self.generation_batch_size is None:
+            bad(
+                "compile_decode",
+                "needs generation_batch_size (every generate call, rollouts and evaluation, then has that many "
+                "rows, so the decode step compiles once)",
+            )
         if self.rollout_backend == "paged" and (self.generation_cache != "dynamic" or self.compile_decode):
             bad(
                 "generation_cache",
@@ -636,7 +642,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # bf16 weights 15.2 GB; KV cache 57 KB/token (28 layers × 4 KV heads × 128 × 2 × 2 B) × 4,096 tokens ×
     # 64 rows per generate call = 15 GB; update passes of ≤ 16,384 token slots with gradient checkpointing
     # (28 saved layer inputs of 16,384 × 3,584 × 2 B = 3.3 GB, one layer recomputed ≈ 3 GB) and LM-head
-    # chunks of 256 × 152,064 × 4 B = 156 MB: ~40 GB in all. 4k context: prompt ≤ 1,024 + completion 3,072.
+    # chunks of 256 × 152,064 × 4 B = 156 MB: 33.9 GB at the peak (`python -m scaledrun.memory`). 4k context: prompt ≤ 1,024 + completion 3,072.
     # accelerate launch --config_file scaledrun/accelerate/ddp.yaml --num_processes 8 -m scaledrun.train \
     #     --preset qwen2.5-math-7b --task <your .jsonl/.parquet/hub dataset> --output_dir runs/qwen2.5-math-7b
     "qwen2.5-math-7b": {

@@ -156,7 +156,8 @@ def zero3_gathered(engine: Any) -> Iterator[None]:
 
 
 class LaunchError(RuntimeError):
-    """A launch that would not run what its accelerate config file asks for."""
+    """A launch that would not run what it asks for: its accelerate config file, or a setting this device
+    cannot run (``check_device_support``)."""
 
 
 def check_launch(accelerator: Any) -> None:
@@ -188,6 +189,37 @@ def before_prepare(accelerator: Any, cfg: Any) -> None:
 
     deepspeed_micro_batch(accelerator)
     fsdp2_bf16_params(accelerator, master_fp32(cfg))
+
+
+def check_device_support(cfg: Any, device: torch.device) -> None:
+    """Refuse, before the run folder and the model, a setting that this process's device cannot run.
+
+    ``compile_decode`` (transformers compiles the static cache's decode step on CUDA/XPU only: elsewhere
+    it would run eager under that name) and a flash-attention ``attn_implementation`` (the ``flash-attn``
+    package, on a GPU). The config itself is device-agnostic (it may be written on a laptop for a GPU
+    run), so these are checked here, where the device is known.
+    """
+    if cfg.compile_decode and device.type not in ("cuda", "xpu"):
+        raise LaunchError(
+            f"config field `compile_decode`=True: this process runs on {device.type}; transformers compiles "
+            "the decode step on a CUDA or XPU device only (elsewhere it would silently run eager): set "
+            "compile_decode false here"
+        )
+    attn = getattr(cfg, "attn_implementation", None)
+    if attn in ("flash_attention_2", "flash_attention_3"):
+        from transformers.utils import import_utils
+
+        package = {
+            "flash_attention_2": "flash-attn",
+            "flash_attention_3": "flash-attn 3 (flash_attn_interface)",
+        }
+        probe = getattr(import_utils, f"is_{attn.replace('attention', 'attn')}_available", None)
+        if device.type != "cuda" or probe is None or not probe():
+            raise LaunchError(
+                f"config field `attn_implementation`={attn!r}: needs a CUDA GPU and the {package[attn]} package "
+                f"(this process: {device.type}, package {'found' if probe is not None and probe() else 'not found'}); "
+                "use sdpa (transformers' default) or install it"
+            )
 
 
 def deepspeed_micro_batch(accelerator: Any) -> None:

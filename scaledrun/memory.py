@@ -115,8 +115,8 @@ def _qwen3(h: int, n: int, a: int, kv: int, i: int, tied: bool) -> Shape:
 
 #: The published ``config.json`` of each preset's model (hidden_size, num_hidden_layers,
 #: num_attention_heads, num_key_value_heads, intermediate_size, vocab_size, tie_word_embeddings; Qwen3:
-#: head_dim 128), written here so that nothing downloads. "tiny": ``scaledrun.tiny.MODEL_SHAPE`` on its
-#: 512-token vocabulary.
+#: head_dim 128), written here so that nothing downloads. "tiny": ``scaledrun.tiny.MODEL_SHAPE`` at its
+#: BPE's target vocabulary of 512 (an upper bound: the arithmetic task's tokenizer learns 282 tokens).
 SHAPES: dict[str, Shape] = {
     "Qwen/Qwen2.5-0.5B-Instruct": _qwen2(896, 24, 14, 2, 4864, 151936, tied=True),
     "Qwen/Qwen2.5-1.5B-Instruct": _qwen2(1536, 28, 12, 2, 8960, 151936, tied=True),

@@ -134,6 +134,7 @@ from .distributed import (
     LaunchError,
     any_process,
     before_prepare,
+    check_device_support,
     check_launch,
     full_params,
     global_counts,
@@ -521,6 +522,7 @@ def train(
 
     # ---- everything a user can get wrong is checked before the run folder is created or touched
     check_model_source(cfg.model)
+    check_device_support(cfg, accelerator.device)  # compile_decode, flash attention
     check_task_source(cfg)
     if accelerator.is_main_process:  # not the others: they may start after the main one wrote its files
         refuse_existing_run(out_dir, resume=cfg.resume, overwrite=cfg.overwrite)

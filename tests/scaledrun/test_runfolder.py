@@ -57,6 +57,28 @@ def test_a_used_folder_is_refused_unless_resumed_or_overwritten(tiny_model, tmp_
     assert not (out / "checkpoints" / "step_000002").exists()
 
 
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--generation_cache", "static", "--generation_batch_size", "4", "--compile_decode", "true"],
+         "config field `compile_decode`=True: this process runs on cpu"),
+        (["--attn_implementation", "flash_attention_2"], "config field `attn_implementation`='flash_attention_2'"),
+    ],
+)  # fmt: skip
+def test_a_setting_this_device_cannot_run_is_refused_before_the_folder(
+    tiny_model, tmp_path, capsys, extra, message
+):
+    """``compile_decode`` and flash attention on this CPU: ``error: ...``, exit 2, no run folder, no traceback
+    (before, ``compile_decode`` raised from the backend after the model loaded and left the folder behind)."""
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as e:
+        tr.main([*_argv(make_cfg(tiny_model, out, steps=1)), *extra])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err, err
+    assert not out.exists()
+
+
 def _quoted_reward(rows) -> str:
     """The run's last line's reward, by hand: the mean of the last 10 logged steps of the whole run."""
     tail = [r["reward/mean"] for r in rows][-10:]
