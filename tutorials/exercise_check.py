@@ -21,17 +21,26 @@ compute the expected values with the library. The solutions are in ``tutorials/s
 
 from __future__ import annotations
 
+import ast
+import inspect
 import math
 import numbers
+import os
+import secrets
 import sys
+import textwrap
 import traceback
-from collections.abc import Iterator
+import types
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 
-__all__ = ["Wrong", "check", "ensure", "expect_close", "expect_equal", "number", "reject", "switched_off"]
+__all__ = [
+    "Wrong", "check", "ensure", "expect_cases", "expect_close", "expect_equal", "forbid", "number", "reject",
+    "switched_off",
+]  # fmt: skip
 
 #: tensors with at most this many entries are printed in full in a "wrong value" message
 _PRINT_NUMEL = 16
@@ -220,6 +229,160 @@ def switched_off(namespace: dict[str, Any], *names: str) -> Iterator[None]:
                 namespace[name] = saved[name]
             else:
                 namespace.pop(name, None)
+
+
+#: The environment variable that fixes the random cases' seed (to rerun a failing check exactly).
+SEED_VARIABLE = "TUTORIAL_CHECK_SEED"
+
+
+def check_seed() -> int:
+    """The seed of a check's random cases: ``$TUTORIAL_CHECK_SEED`` when set, else a fresh one each run."""
+    value = os.environ.get(SEED_VARIABLE)
+    return int(value) if value else secrets.randbelow(2**31)
+
+
+def expect_cases(
+    learner: Callable[..., Any],
+    reference: Callable[..., Any],
+    make_case: Callable[[torch.Generator], tuple[tuple, str]],
+    what: str,
+    *,
+    n: int = 20,
+    seed: int | None = None,
+    compare: Callable[..., None] | None = None,
+    **tolerance: float,
+) -> int:
+    """``learner`` agrees with ``reference`` on ``n`` seeded random cases; returns the seed used.
+
+    ``make_case(generator)`` draws one case: ``(args, label)``, the positional arguments of both functions
+    and a few words saying what the case is made of (e.g. ``"a group with exactly two valid rows"``), so
+    a failure names it. ``reference`` is the check's own, independent computation (plain loops over the
+    definition), not the library's and not the solution's. Each function gets its own copy of the
+    arguments (an answer that changes its inputs in place cannot change the reference's). ``compare(got,
+    expected, what, at=...)`` defaults to :func:`expect_close` with ``tolerance``. The seed is
+    :func:`check_seed`'s unless given; every failure prints it, and ``TUTORIAL_CHECK_SEED=<seed>`` reruns
+    the same cases.
+    """
+    base = check_seed() if seed is None else int(seed)
+    compare = compare or (lambda got, exp, what, at: expect_close(got, exp, what, at=at, **tolerance))
+    for i in range(n):
+        generator = torch.Generator().manual_seed(base * 1_000 + i)
+        args, label = make_case(generator)
+        expected = reference(*_copied(args))
+        got = learner(*_copied(args))
+        try:
+            compare(got, expected, what, at=f"on random case {i + 1} of {n} ({label})")
+        except Wrong as err:
+            raise Wrong(
+                f"{err} [random cases of seed {base}: set {SEED_VARIABLE}={base} to rerun them]"
+            ) from None
+    return base
+
+
+def _copied(args: tuple) -> tuple:
+    return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+
+
+#: The project's packages: an exercise asks you to write what they compute, so an answer may not call them
+#: (unless the exercise lists the name in ``allow``).
+PROJECT_PACKAGES = ("cancellation", "toymodel", "experiments", "scaledrun", "app")
+#: Names an answer never needs and that would reach around the exercise (the notebook's globals, other
+#: modules' contents, code run from strings).
+ALWAYS_REFUSED = (
+    "globals", "locals", "vars", "eval", "exec", "compile", "__import__", "importlib", "sys", "inspect",
+    "builtins", "__builtins__", "gc", "get_ipython", "__dict__", "__globals__",
+)  # fmt: skip
+
+
+def forbid(
+    fn: Callable[..., Any], refused: tuple[str, ...] = (), *, allow: tuple[str, ...] = (), why: str = ""
+) -> None:
+    """Refuse an answer ``fn`` that gets its result another way than the exercise asks (:class:`Wrong`,
+    "refused call — ..."), by reading its source and its names, before it runs:
+
+    - a name or attribute in ``refused`` (e.g. ``"backward"``, ``"optim"``, ``"autograd"``), or in
+      ``ALWAYS_REFUSED`` (``globals``, ``eval``, ``sys``, ...);
+    - an import inside the function, or a global of the notebook that is (or lives in) one of the
+      project's packages (``PROJECT_PACKAGES``: ``compute_loss``, a module alias, ...), unless listed in
+      ``allow``;
+    - a global of the notebook that holds data (a tensor, an array, a number, a container of them),
+      unless listed in ``allow``: the expected values, or anything computed for the check, are not
+      readable; take what you need as an argument.
+
+    ``why`` is added to the message (what the exercise asks you to write yourself).
+    """
+    tail = f": {why}" if why else ""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        tree = None  # no source (a builtin, a lambda in a string): the names below still apply
+    if tree is not None:
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] + (
+                    [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+                )
+                if any(name.split(".")[0] not in ("math", "torch", "numpy") for name in names) or any(
+                    name.startswith(("torch.optim", "torch.autograd")) for name in names
+                ):
+                    raise Wrong(f"refused call — `{fn.__name__}` imports {', '.join(names)}{tail}")
+            name = (
+                node.id
+                if isinstance(node, ast.Name)
+                else node.attr
+                if isinstance(node, ast.Attribute)
+                else None
+            )
+            if name is not None and name not in allow and (name in refused or name in ALWAYS_REFUSED):
+                raise Wrong(
+                    f"refused call — `{fn.__name__}` uses `{name}`, which this exercise asks you not to use{tail}"
+                )
+    namespace = getattr(fn, "__globals__", {})
+    for name in sorted(_global_names(getattr(fn, "__code__", None))):
+        if name in allow or name not in namespace:
+            continue
+        value = namespace[name]
+        if name in refused:
+            raise Wrong(
+                f"refused call — `{fn.__name__}` uses `{name}`, which this exercise asks you not to use{tail}"
+            )
+        if _from_project(value):
+            raise Wrong(
+                f"refused call — `{fn.__name__}` uses `{name}` from the project's library, which computes what "
+                f"the exercise asks you to write{tail}"
+            )
+        if _is_data(value):
+            raise Wrong(
+                f"refused call — `{fn.__name__}` reads the notebook's variable `{name}`: take what you need as "
+                f"an argument (the check calls your function on its own cases){tail}"
+            )
+
+
+def _global_names(code: types.CodeType | None) -> set[str]:
+    """The global names a function (and the functions, lambdas and comprehensions inside it) reads."""
+    if code is None:
+        return set()
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _global_names(const)
+    return names
+
+
+def _from_project(value: Any) -> bool:
+    module = value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", None)
+    return isinstance(module, str) and module.split(".")[0] in PROJECT_PACKAGES
+
+
+def _is_data(value: Any) -> bool:
+    if isinstance(value, (torch.Tensor, numbers.Number)) and not isinstance(value, bool):
+        return True
+    if type(value).__module__ == "numpy" and hasattr(value, "shape"):
+        return True
+    if isinstance(value, (list, tuple, dict, set)):
+        items = value.values() if isinstance(value, dict) else value
+        return any(_is_data(v) for v in list(items)[:50])
+    return False
 
 
 def _describe(t: torch.Tensor) -> str:
