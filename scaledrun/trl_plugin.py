@@ -232,8 +232,7 @@ class CancellationGRPOTrainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs):  # type: ignore[no-untyped-def]
         out = super()._generate_and_score_completions(inputs)
-        if not self.model.training:
-            return out
+        size = self.num_generations if self.model.training else self.num_generations_eval
         cfg: CancellationGRPOConfig = self.args  # type: ignore[assignment]
         per_func = self._captured_rewards
         n = out["completion_ids"].shape[0]
@@ -245,7 +244,7 @@ class CancellationGRPOTrainer(GRPOTrainer):
         in_loss = self.accelerator.gather(
             mask.sum(-1) > 0
         )  # mask_truncated_completions zeroed truncated rows
-        group = torch.arange(rewards.shape[0], device=rewards.device) // self.num_generations
+        group = torch.arange(rewards.shape[0], device=rewards.device) // size
         adv = group_advantages(
             rewards, group, scale=cfg.adv_scale, valid=scorable & in_loss.to(scorable.device)
         )
@@ -407,7 +406,6 @@ class CancellationGRPOTrainer(GRPOTrainer):
         self._metrics[mode]["entropy"].append(float(totals[0] / totals[1].clamp(min=1.0)))  # TRL's metric
         if "coef" not in inputs:  # evaluation: this batch's objective, alone
             old = inputs.get("old_per_token_logps", logp.detach())
-            group = torch.arange(logp.shape[0], device=logp.device) // self.num_generations_eval
             params = self._loss_params(inputs)
             loss, _ = objective_loss(
                 cfg.objective,
@@ -415,7 +413,7 @@ class CancellationGRPOTrainer(GRPOTrainer):
                 old,
                 inputs["advantages"],
                 mask,
-                group,
+                inputs["group"],
                 aggregation=cfg.aggregation,
                 **params,
             )

@@ -22,6 +22,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import scaledrun.train as tr
+from cancellation import group_advantages
 from cancellation.batching import split_minibatches
 from cancellation.update import RESIDUAL_KEYS
 from scaledrun.config import ObjectiveConfig
@@ -38,7 +39,7 @@ from scaledrun.trl_plugin import (
 )
 
 from ..conftest import SEED
-from ..exactness import close, max_abs_err, rounding_tolerance
+from ..exactness import FLOAT64_RTOL, close, max_abs_err, rounding_tolerance
 from .test_train import make_cfg
 
 pytestmark = pytest.mark.exactness
@@ -165,6 +166,7 @@ def run_trl(tiny_model, tmp_path, batch, fields, *, plugin=True, iterations=1, s
     steps (default ``spg``: one optimizer step per generation); ``kw``: ``trl`` (TRL's own loss settings),
     ``lr``, ``peft`` (a LoraConfig), ``order`` (the groups' order in the dataset), other GRPOConfig fields."""
     trl, lr, peft, order = kw.pop("trl", None), kw.pop("lr", LR), kw.pop("peft", None), kw.pop("order", None)
+    eval_dataset = kw.pop("eval_dataset", None)
     extra = kw
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -213,7 +215,7 @@ def run_trl(tiny_model, tmp_path, batch, fields, *, plugin=True, iterations=1, s
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float64)
     trainer = cls(
         model=model, reward_funcs=replayed_reward, args=args, train_dataset=Dataset.from_dict({"prompt": texts}),
-        processing_class=tokenizer, rollout_func=rollout, peft_config=peft,
+        processing_class=tokenizer, rollout_func=rollout, peft_config=peft, eval_dataset=eval_dataset,
         callbacks=[grab],
     )  # fmt: skip
     trainer.train()
@@ -490,3 +492,25 @@ def test_trl_plugin_trains_a_peft_adapter_with_gradient_checkpointing(tiny_model
     for k in range(2):
         tol = grad_tolerance(grads[k], batch, vocab=trainer.model.config.vocab_size)
         _assert_same(grads[k], runs[False][0][k], f"step {k + 1}: checkpointed", tol)
+
+
+def test_trl_plugin_eval_loss_is_the_objective_on_the_eval_batch(tiny_model, tmp_path):
+    """TRL's evaluation (``eval_dataset``) scores the objective on each eval batch alone, with this
+    project's advantages: on-policy (no old log-probs, ratio 1) GRPO's token-mean loss is −Σ_i Â_i·|y_i| / Σ_i |y_i|."""
+    from datasets import Dataset
+
+    fields = {"objective": "grpo"}
+    batch, _, _ = run_scaledrun(tiny_model, tmp_path, fields)
+    texts = list(dict.fromkeys(batch.prompts))
+    _, _, trainer = run_trl(
+        tiny_model, tmp_path, batch, fields, eval_dataset=Dataset.from_dict({"prompt": texts}),
+        eval_strategy="steps", eval_steps=1, per_device_eval_batch_size=len(batch), num_generations_eval=G,
+    )  # fmt: skip
+    adv = group_advantages(batch.rewards, batch.group, scale="group")
+    lengths = batch.completion_mask.sum(-1).double()
+    want = -float((adv * lengths).sum() / lengths.sum())
+    got = next(row["eval_loss"] for row in trainer.state.log_history if "eval_loss" in row)
+    assert close(got, want, float((adv.abs() * lengths).sum() / lengths.sum()), rtol=FLOAT64_RTOL), (
+        got,
+        want,
+    )
