@@ -34,14 +34,14 @@
 import plotly.graph_objects as go
 import plotly.io as pio
 import torch
-from exercise_check import check, expect_close, expect_equal, number, reject  # the exercises' check cells
+from exercise_check import check, expect_cases, expect_close, expect_equal, forbid, number, reject
 from show import table
 
-from app.figures import ARM_COLORS, curve_figure  # one colour per arm (as in every tutorial); seed curves
+from app.figures import ARM_COLORS  # one colour per arm (as in every tutorial)
 from cancellation import group_advantages
 from cancellation.objectives import dfpo_weights
 from cancellation.update import CancellationMeter, coefficients
-from toymodel import Scenario, seed_rows, simulate_seeds
+from toymodel import Scenario, simulate_seeds
 
 pio.renderers.default = "plotly_mimetype+notebook_connected"
 torch.set_num_threads(1)  # the toy's tensors are tiny: one thread is fastest
@@ -292,25 +292,49 @@ print(f"DFPO's fix on `equal` (control − DFPO) {fix_equal:.4f}; DFPO's residua
 
 
 # %%
-def curves(metric: str, title: str):
-    """The app's seed-band figure of ``metric`` on `unequal`, each arm in its colour, seq-mean-token-mean dashed."""
-    runs_by_arm = {arm: [seed_rows(runs[arm], s) for s in range(SEEDS)] for arm in ARMS}
-    fig = curve_figure(runs_by_arm, metric, height=380, title=title)
-    for tr in fig.data:
-        c = COLOR[tr.legendgroup]
-        if tr.fill:  # the ±1 std band
-            tr.fillcolor = "rgba({},{},{},0.15)".format(*(int(c[k : k + 2], 16) for k in (1, 3, 5)))
-        else:
-            tr.line.color, tr.line.dash = c, "dash" if "seq-mean" in tr.legendgroup else None
+WINDOW = 10  # steps pooled per point of the figures below
+
+
+def band_figure(metric: str, title: str, y_title: str):
+    """Per arm on `unequal`: the median and the 10–90 % band of the values measured in each window of
+    WINDOW steps, over every (seed, step) pair with a value; NaN (no value at that step) left out."""
+    fig = go.Figure()
+    q = torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)
+    for arm in ARMS:
+        x, mid, band = runs[arm][metric], [], []
+        for s in range(0, STEPS, WINDOW):
+            v = x[:, s : s + WINDOW].flatten()
+            if (v := v[~v.isnan()]).numel():
+                mid.append(s + (WINDOW + 1) / 2)
+                band.append(torch.quantile(v, q).tolist())
+        lo, med, hi = zip(*band, strict=True)
+        c = COLOR[arm]
+        fill = "rgba({},{},{},0.15)".format(*(int(c[k : k + 2], 16) for k in (1, 3, 5)))
+        fig.add_scatter(x=mid + mid[::-1], y=list(hi) + list(lo[::-1]), fill="toself", fillcolor=fill,
+                        line={"width": 0}, legendgroup=arm, showlegend=False, hoverinfo="skip")  # fmt: skip
+        fig.add_scatter(x=mid, y=med, mode="lines+markers", name=arm, legendgroup=arm,
+                        line={"color": c, "dash": "dash" if "seq-mean" in arm else None})  # fmt: skip
+    fig.update_layout(title=title, xaxis_title="step", yaxis_title=y_title, height=380)
     return fig
 
 
-curves(
-    "group_shared_residual", "Residual on whole-group events, unequal lengths (mean ± 1 std over 12 seeds)"
-).show()
-curves("expected_reward", "Expected reward, unequal lengths").show()
+# %%
+for arm in ARMS:
+    has = ~runs[arm]["group_shared_residual"].isnan()
+    share = [f"{float(has[:, s : s + WINDOW].double().mean()):.0%}" for s in range(0, STEPS, WINDOW)]
+    print(f"{arm:36} (seed, step) pairs with a whole-group event, per {WINDOW} steps: {' '.join(share)}")
+title = f"Residual on whole-group events, unequal lengths (median, 10–90 % of the values of {WINDOW} steps × 12 seeds)"
+band_figure("group_shared_residual", title, "|Σ c| / Σ |c| on whole-group events").show()
+band_figure("expected_reward", "Expected reward, unequal lengths (median, 10–90 %)", "E[R]").show()
 
 # %% [markdown]
+# The residual is measured only at the steps where some event is shared by the whole group (and the
+# step updated): a step without one has no value (NaN), and the printed shares show that this is most
+# steps, fewer and fewer as the reward saturates (a group of 8 correct completions has every Â = 0).
+# A curve per step would be mostly gaps, and a mean ± std band would dip below 0 for a quantity that
+# cannot. So each point pools the values measured in its window of steps over all seeds and draws
+# their median and 10–90 % percentiles: what was measured, nothing below 0.
+#
 # In training the table says what the single group said. On `unequal`, GRPO token-mean and DFPO
 # token-mean keep the whole-group events at 0 and pay with a sequence-net residual of about 0.2;
 # GRPO seq-mean-token-mean, the control and DFPO all leave about 0.15 of the whole-group mass
@@ -327,14 +351,58 @@ curves("expected_reward", "Expected reward, unequal lengths").show()
 #
 # Write the body of each `my_*` function (until you do, it raises `NotImplementedError`), run its
 # cell, then run the check cell below it: it prints ✓ or says what is missing or wrong. A worked
-# solution is in `tutorials/solutions/10_length_and_aggregation.py`; try first.
-#
+# solution is in `tutorials/solutions/10_length_and_aggregation.py`; try first. Each check works a few
+# cases by hand, then compares your function with its own computation on 20 random cases (a new seed
+# each run; a failure prints it). An answer that calls the project's library (`coefficients`,
+# `aggregate`, ...) or reads the notebook's variables is refused: take everything from the arguments.
+
+
+# %%
+SHARED_NET_BY_HAND = [  # 10.1: (Â, |y|, aggregation, the net worked out by hand)
+    ([0.5, 0.5, -1.5, 0.5], [7, 7, 3, 3], "token-mean", 0.0),
+    ([0.5, 0.5, -1.5, 0.5], [7, 7, 3, 3], "seq-mean-token-mean", -1 / 21),  # ¼(0.5/7+0.5/7−1.5/3+0.5/3)
+    ([1.0, -1.0], [2, 4], "seq-mean-token-mean", 0.125),  # ½(1/2 − 1/4)
+    ([1.0, -1.0], [2, 4], "token-mean", 0.0),
+    ([1.0, -0.5], [2, 4], "token-mean", 1 / 12),  # Σ Â = 0.5 over N = 6 tokens
+    ([1.0, -0.5], [2, 4], "seq-mean-token-sum", 0.25),  # Σ Â / G
+    ([1.0, -0.5], [2, 4], "seq-mean-token-sum-norm", 0.0625),  # Σ Â / (G·C), C = 4
+]
+
+
+def close_number(got, expected: float, what: str, at: str) -> None:
+    """A number (a Python float or a one-element tensor of any float dtype) within float32's rounding."""
+    expect_close(number(got, what), expected, what, at=at, atol=1e-7, rtol=1e-6)
+
+
+# %%
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+
+
+def shared_net_case(gen: torch.Generator) -> tuple[tuple, str]:
+    """One random group for the check of 10.1: case i of 20 is aggregation i % 4, kind of group i % 5."""
+    i = gen.initial_seed() % 1000
+    agg, kind = AGGREGATIONS[i % 4], ("unequal", "equal", "Σ Â ≠ 0", "all Â = 0", "G = 2")[i % 5]
+    g = 2 if kind == "G = 2" else int(torch.randint(3, 9, (1,), generator=gen))
+    lengths = torch.randint(1, 12, (g,), generator=gen)
+    lengths = lengths[:1].expand(g).clone() if kind == "equal" else lengths
+    r = torch.randint(0, 2, (g,), generator=gen).double()
+    r[:2] = torch.tensor([0.0, 1.0])  # both rewards present: Â ≠ 0
+    adv = (r - r.mean()) / (r.std() + 1e-6)
+    if kind == "Σ Â ≠ 0":
+        adv = torch.randn(g, generator=gen, dtype=torch.float64)
+    if kind == "all Â = 0":
+        adv = torch.zeros(g, dtype=torch.float64)
+    return (adv, lengths, agg), f"{kind}, G = {g}, |y| = {lengths.tolist()}, {agg}"
+
+
+# %% [markdown]
 # **Exercise 10.1 — the shared token's net coefficient.** At θ = θ_old (every ratio 1), GRPO gives
 # a token that every completion of one group contains (at the same context) the net coefficient
-# $\sum_i c_{i,t}$. Write `my_shared_net(adv, lengths, aggregation)` for `"token-mean"` and
-# `"seq-mean-token-mean"`, from the advantages and the lengths alone; the advantages need not sum to 0
-# (a group whose completion was dropped after Â was computed). The check compares with numbers worked
-# out by hand (the group of section 2, a second one, and a third whose Σ Â ≠ 0).
+# $\sum_i c_{i,t}$. Write `my_shared_net(adv, lengths, aggregation)` for each of the four
+# aggregations of `cancellation.aggregation` (the table in its docstring): `"token-mean"`,
+# `"seq-mean-token-mean"`, `"seq-mean-token-sum"` and `"seq-mean-token-sum-norm"` (whose constant $C$ is
+# here the group's padded length, the longest $|y_i|$), from the advantages and the lengths alone. The
+# advantages need not sum to 0 (a group whose completion was dropped after Â was computed).
 
 
 # %%
@@ -345,30 +413,33 @@ def my_shared_net(adv: torch.Tensor, lengths: torch.Tensor, aggregation: str) ->
 
 # %%
 with check("10.1"):
-    cases = [  # (Â, |y|, aggregation, the net worked out by hand)
-        ([0.5, 0.5, -1.5, 0.5], [7, 7, 3, 3], "token-mean", 0.0),
-        ([0.5, 0.5, -1.5, 0.5], [7, 7, 3, 3], "seq-mean-token-mean", -1 / 21),  # ¼(0.5/7+0.5/7−1.5/3+0.5/3)
-        ([1.0, -1.0], [2, 4], "seq-mean-token-mean", 0.125),  # ½(1/2 − 1/4)
-        ([1.0, -1.0], [2, 4], "token-mean", 0.0),
-        ([1.0, -0.5], [2, 4], "token-mean", 1 / 12),  # Σ Â = 0.5 over N = 6 tokens
-    ]
+    forbid(my_shared_net, ("backward", "autograd"), why="write the net from the aggregation's weights")
     slips = {0.25: "token-mean divides by N = Σ|y_i| = 6 tokens, not by G = 2", 0.5: "token-mean divides Σ Â "
              "by N = Σ|y_i| = 6 tokens", 0.0: "Σ Â_i = 0.5 here: the net is Σ Â / N, 0 only when Σ Â = 0"}  # fmt: skip
-    for a, n, agg, expected in cases:
-        got = my_shared_net(torch.tensor(a, dtype=torch.float64), torch.tensor(n, dtype=torch.float64), agg)
+    for a, n, agg, expected in SHARED_NET_BY_HAND:
+        got = my_shared_net(torch.tensor(a, dtype=torch.float64), torch.tensor(n), agg)
         for bad, why in slips.items() if expected == 1 / 12 else ():
             reject(number(got, "the net"), bad, f"the net coefficient at Â = {a}, |y| = {n}: {why}")
-        expect_close(number(got, "the net coefficient"), expected, "the net coefficient",
-                     at=f"at Â = {a}, |y| = {n}, {agg}")  # fmt: skip
+        close_number(got, expected, "the net coefficient", at=f"at Â = {a}, |y| = {n}, {agg}")
+
+    def reference(adv, lengths, agg):  # Σ_i Â_i × the weight of one token of completion i
+        n, g, c = sum(lengths.tolist()), len(adv), max(lengths.tolist())
+        w = {"token-mean": lambda y: 1 / n, "seq-mean-token-mean": lambda y: 1 / (g * y),
+             "seq-mean-token-sum": lambda y: 1 / g, "seq-mean-token-sum-norm": lambda y: 1 / (g * c)}[agg]  # fmt: skip
+        return sum(a * w(y) for a, y in zip(adv.tolist(), lengths.tolist(), strict=True))
+
+    expect_cases(my_shared_net, reference, shared_net_case, "the net coefficient", compare=close_number)
 
 # %% [markdown]
 # **Exercise 10.2 — which combinations cancel for any lengths?** Write
 # `my_cancels_any_length(objective, aggregation, length_norm)` returning True when a token that a
 # whole group shares gets a net coefficient of exactly 0 **for every choice of lengths** (and of θ
-# inside the clip range), False otherwise. `objective` is `"grpo"` or `"dfpo"` (paper estimator;
-# `length_norm=False` makes its ratio $s_i = \prod_t r_{i,t}$ instead of eq. 44's geometric mean,
-# GRPO ignores it). Reason from each token's coefficient, or measure it with `coefficients` on a
-# group of your own. The check compares with a truth table written by hand.
+# inside the clip range), False otherwise, for each of the four aggregations. `objective` is `"grpo"` or
+# `"dfpo"` (paper estimator; `length_norm=False` makes its ratio $s_i = \prod_t r_{i,t}$ instead of
+# eq. 44's geometric mean, GRPO ignores it). Reason from the coefficient each token of completion $i$
+# gets (how the aggregation weighs it, how $\partial\log s_i/\partial\log\pi_{i,t}$ depends on
+# $|y_i|$, and that DFPO's transform makes $\sum_i \tilde s_i\hat A_i = 0$): the check refuses an
+# answer that measures it with the library, and tries every combination.
 
 
 # %%
@@ -379,19 +450,15 @@ def my_cancels_any_length(objective: str, aggregation: str, length_norm: bool) -
 
 # %%
 with check("10.2"):
-    truth = {  # (objective, aggregation, length_norm) → cancels for any lengths (worked out by hand)
-        ("grpo", "token-mean", True): True,  # Â_i·r/N: Σ Â_i = 0
-        ("grpo", "seq-mean-token-mean", True): False,  # Â_i·r/(G|y_i|)
-        ("grpo", "seq-mean-token-sum", True): True,  # Â_i·r/G
-        ("dfpo", "seq-mean-token-mean", True): False,  # s̃_iÂ_i/(G|y_i|), eq. 72
-        ("dfpo", "token-mean", True): True,  # |y_i|·s̃_iÂ_i/(N|y_i|) = s̃_iÂ_i/N
-        ("dfpo", "seq-mean-token-sum", True): True,  # s̃_iÂ_i/G
-        ("dfpo", "seq-mean-token-mean", False): True,  # ∂log Π r/∂logp = 1: s̃_iÂ_i/G
-        ("dfpo", "token-mean", False): False,  # |y_i|·s̃_iÂ_i/N
-        ("grpo", "token-mean", False): True,  # GRPO ignores length_norm
-        ("grpo", "seq-mean-token-mean", False): False,
-    }
-    for (obj, agg, ln), expected in truth.items():
-        expect_equal(my_cancels_any_length(obj, agg, ln), expected, "cancels for any lengths",
-                     at=f"at objective={obj!r}, aggregation={agg!r}, length_norm={ln}"
-                     + (" (GRPO has no sequence ratio: length_norm changes nothing)" if obj == "grpo" and not ln else ""))  # fmt: skip
+    forbid(my_cancels_any_length, ("backward", "autograd"), why="reason from each token's coefficient")
+    # a token of completion i gets (GRPO) Â_i·w_i or (DFPO) s̃_i·Â_i·d_i·|y_i|·w_i, with the aggregation's
+    # weight w_i (1/N, 1/(G|y_i|), 1/G, 1/(G·C)) and d_i = ∂log s_i/∂logp = 1/|y_i| (length_norm) or 1;
+    # Σ Â_i = Σ s̃_i·Â_i = 0, so it cancels for any lengths iff that factor does not depend on |y_i|
+    w = {"token-mean": 0, "seq-mean-token-mean": -1, "seq-mean-token-sum": 0, "seq-mean-token-sum-norm": 0}
+    for obj in ("grpo", "dfpo"):
+        for agg, power in w.items():  # the power of |y_i| in the factor
+            for ln in (True, False):
+                expected = power + (obj == "dfpo" and not ln) == 0
+                expect_equal(my_cancels_any_length(obj, agg, ln), expected, "cancels for any lengths",
+                             at=f"at objective={obj!r}, aggregation={agg!r}, length_norm={ln}"
+                             + (" (GRPO has no sequence ratio: length_norm changes nothing)" if obj == "grpo" and not ln else ""))  # fmt: skip
