@@ -14,7 +14,12 @@ equal token lengths: TRL's forward passes give a left-padded prompt no position 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -43,6 +48,7 @@ from ..exactness import FLOAT64_RTOL, close, max_abs_err, rounding_tolerance
 from .test_train import make_cfg
 
 pytestmark = pytest.mark.exactness
+REPO = Path(__file__).resolve().parents[2]
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is TRL's experimental hook
 
@@ -164,9 +170,10 @@ def run_trl(tiny_model, tmp_path, batch, fields, *, plugin=True, iterations=1, s
     """(gradients of each optimizer step, weights after training, trainer) of TRL's GRPOTrainer (``plugin``:
     CancellationGRPOTrainer) on ``batch``'s prompts, completions and rewards. ``ga``: gradient accumulation
     steps (default ``spg``: one optimizer step per generation); ``kw``: ``trl`` (TRL's own loss settings),
-    ``lr``, ``peft`` (a LoraConfig), ``order`` (the groups' order in the dataset), other GRPOConfig fields."""
+    ``lr``, ``peft`` (a LoraConfig), ``order`` (the groups' order in the dataset), ``processes`` (launched:
+    the generation batch is split between them), other GRPOConfig fields."""
     trl, lr, peft, order = kw.pop("trl", None), kw.pop("lr", LR), kw.pop("peft", None), kw.pop("order", None)
-    eval_dataset = kw.pop("eval_dataset", None)
+    eval_dataset, processes = kw.pop("eval_dataset", None), kw.pop("processes", 1)
     extra = kw
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -195,7 +202,7 @@ def run_trl(tiny_model, tmp_path, batch, fields, *, plugin=True, iterations=1, s
     def replayed_reward(prompts, completions, completion_ids, **_):
         return [reward_of[(t, tuple(ids))] for t, ids in zip(prompts, completion_ids, strict=True)]
 
-    per_device = len(batch) // spg
+    per_device = len(batch) // (spg * processes)
     common = dict(
         output_dir=str(tmp_path / ("plugin" if plugin else "trl")), use_cpu=True, bf16=False,
         per_device_train_batch_size=per_device, gradient_accumulation_steps=ga or spg, steps_per_generation=spg,
@@ -514,3 +521,34 @@ def test_trl_plugin_eval_loss_is_the_objective_on_the_eval_batch(tiny_model, tmp
         got,
         want,
     )
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize(("name", "fields"), [OBJECTIVES[4]], ids=[OBJECTIVES[4][0]])
+def test_trl_plugin_two_processes_equal_one(tiny_model, tmp_path, name, fields):
+    """Two DDP processes (gloo), one group each, against one process accumulating the two groups as two
+    micro-batches: both optimizer steps' gradients (2 iterations: the second off-policy), the coefficients
+    normalised by the global counts and DDP's mean undone (×W). DFPO Orth-Proj: each process's transform sees
+    its group whole (about 7 s)."""
+    batch, _, _ = run_scaledrun(tiny_model, tmp_path, fields)  # the chosen batch
+    torch.save(batch, tmp_path / "batch.pt")
+    one, _, _ = run_trl(tiny_model, tmp_path / "one", batch, fields, iterations=2, spg=2, lr=LR_ITER)
+    cmd = [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+        "--main_process_port", str(_free_port()), "-m", "tests.scaledrun.trl_plugin_worker", str(tiny_model),
+        str(tmp_path / "batch.pt"), str(tmp_path / "two.pt"), str(tmp_path / "two"), json.dumps(fields), "2", "1",
+        str(LR_ITER),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "ACCELERATE_USE_CPU": "true"}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    two = torch.load(tmp_path / "two.pt")
+    assert len(one) == len(two) == 2
+    for k in range(2):
+        _assert_same(two[k], one[k], f"{name}: step {k + 1} gradients", grad_tolerance(one[k], batch))
