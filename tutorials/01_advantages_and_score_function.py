@@ -30,10 +30,12 @@
 # (a tabular softmax policy on which every probability is exact). Nothing is re-implemented here.
 
 # %%
+import math
+
 import plotly.graph_objects as go
 import plotly.io as pio
 import torch
-from exercise_check import check, ensure, expect_close, reject, switched_off  # the exercises' checks
+from exercise_check import check, ensure, expect_cases, expect_close, forbid, reject  # the exercises' checks
 from show import fmt, table  # aligned tables of the numbers the cells compute
 
 from cancellation import compute_loss, group_advantages
@@ -369,17 +371,64 @@ fig.show()
 # ## Exercises
 #
 # Write the body of each `my_*` function (until you do, it raises `NotImplementedError`), run its
-# cell, then run the check cell below it: it prints ✓ or says what is missing or wrong. The checks
-# compare with numbers worked out by hand (written into the check cell), not with the library call
-# that would hand the answer over. A worked solution is in
+# cell, then run the check cell below it: it prints ✓ or says what is missing or wrong. Each check
+# runs your function on an example worked out by hand (its messages name the usual mistakes), then on
+# 20 random cases (a new seed each run; the seed is printed when a case fails, and
+# `TUTORIAL_CHECK_SEED=<seed>` reruns the same cases) against its own plain-loop computation of the
+# definition, so an answer right on the example only does not pass. An answer that calls the library
+# (`cancellation`, `toymodel`), autograd, or reads the notebook's variables instead of its arguments is
+# refused before it runs. A worked solution is in
 # `tutorials/solutions/01_advantages_and_score_function.py`; try first.
 #
 # **Exercise 1.1 — masked group advantages.** Write eq. (1.1) yourself: `my_group_advantages(rewards,
-# group, valid)` returns the $(B,)$ tensor $\hat A$ for a batch whose groups have different sizes and
-# appear in any order, where only the rows with `valid` True enter their group's mean and std
+# group, valid)` returns the $(B,)$ tensor $\hat A$ for a batch whose groups have different sizes, any
+# ids and appear in any order, where only the rows with `valid` True enter their group's mean and std
 # (Bessel-corrected, as `torch.std`; $\epsilon = 10^{-6}$). A row that is not valid gets $\hat A = 0$, and
-# so does every row of a group with fewer than two valid rows. `group_advantages` is switched off
-# during the check.
+# so does every row of a group with fewer than two valid rows (a group with exactly two valid rows has a
+# std and counts).
+
+# %%
+# the check's example, worked out by hand: groups of sizes 5, 3, 2, interleaved; group 0's valid rewards
+# 1,0,0,1: mean 1/2, std √(1/3), Â = ±(1/2)/√(1/3) = ±0.866025; group 1: 0,1,1: mean 2/3, std √(1/3),
+# Â = −1.154701, 0.577350, 0.577350; group 2: one valid row. Then two known mistakes on the valid rows:
+# every row counted, and the population std.
+ex11 = {
+    "rewards": torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0], dtype=f64),
+    "group": torch.tensor([0, 1, 0, 2, 0, 1, 0, 2, 1, 0]),
+    "valid": torch.tensor([True] * 7 + [False, True, False]),
+    "by_hand": torch.tensor(
+        [0.866025, -1.154701, -0.866025, 0, -0.866025, 0.577350, 0.866025, 0, 0.577350, 0], dtype=f64
+    ),
+    "all_rows": torch.tensor(
+        [0.730297, -1.154701, -1.095445, 0.707107, -1.095445, 0.577350, 0.730297, 0.577350], dtype=f64
+    ),
+    "population": torch.tensor([1.0, -1.414214, -1.0, 0, -1.0, 0.707107, 1.0, 0.707107], dtype=f64),
+}
+
+
+# %%
+def case_1_1(gen):
+    """A random batch for the check: three groups (ids 7, 2, 5, shuffled) of 2-5 rows, and what it holds."""
+    kind = int(torch.randint(5, (), generator=gen))
+    sizes = torch.randint(2, 6, (3,), generator=gen).tolist()
+    group = torch.tensor([g for g, n in zip((7, 2, 5), sizes, strict=True) for _ in range(n)])
+    group = group[torch.randperm(len(group), generator=gen)]
+    rewards = torch.randint(2, (len(group),), generator=gen).to(f64)
+    valid = torch.rand(len(group), generator=gen) < 0.75
+    first = (group == group[0]).nonzero().flatten()  # the rows of one group, which the kind shapes
+    valid[first] = False
+    if kind == 0:
+        valid[first[:2]], rewards[first[0]] = True, 1.0 - rewards[first[1]]
+    elif kind == 1:  # all-equal (dyadic, so its mean is exact) valid rewards; its other rows not valid
+        valid[first[:2]], rewards[first[:2]] = True, 1.0
+    elif kind == 2:  # one valid row in one group
+        valid[first[0]] = True
+    elif kind == 3:  # rewards this close make ε = 1e-6 a visible part of std + ε
+        rewards = 0.5 + 1e-3 * torch.rand(len(group), generator=gen, dtype=f64)
+        valid[first] = True
+    labels = ["a group with exactly two valid rows", "a valid group whose rewards are all equal",
+              "a group with one valid row", "continuous rewards within 1e-3 of each other", "a group with no valid row"]  # fmt: skip
+    return (rewards, group, valid), f"{labels[kind]}; group sizes {sizes}, some rows not valid"
 
 
 # %%
@@ -390,22 +439,26 @@ def my_group_advantages(rewards: torch.Tensor, group: torch.Tensor, valid: torch
 
 # %%
 with check("1.1"):
-    ex_rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0], dtype=f64)
-    ex_group = torch.tensor([0, 1, 0, 2, 0, 1, 0, 2, 1, 0])  # sizes 5, 3, 2, interleaved
-    ex_valid = torch.tensor([True] * 7 + [False, True, False])
-    with switched_off(globals(), "group_advantages"):
-        got = my_group_advantages(ex_rewards, ex_group, ex_valid)
-    # by hand: group 0's valid rewards 1,0,0,1: mean 1/2, std √(1/3), Â = ±(1/2)/√(1/3) = ±0.866025;
-    # group 1: 0,1,1: mean 2/3, std √(1/3), Â = −1.154701, 0.577350, 0.577350; group 2: one valid row
-    by_hand = torch.tensor([0.866025, -1.154701, -0.866025, 0, -0.866025, 0.577350, 0.866025, 0, 0.577350, 0], dtype=f64)  # fmt: skip
-    # the valid rows' Â had every row been counted, and with the population std
-    all_rows = torch.tensor([0.730297, -1.154701, -1.095445, 0.707107, -1.095445, 0.577350, 0.730297, 0.577350], dtype=f64)  # fmt: skip
-    population = torch.tensor([1.0, -1.414214, -1.0, 0, -1.0, 0.707107, 1.0, 0.707107], dtype=f64)
-    if isinstance(got, torch.Tensor) and got.shape == ex_valid.shape:
-        reject(got[ex_valid], all_rows, "Â: the rows with valid = False took part in their group's mean and std; leave them out (and give them Â = 0)")  # fmt: skip
-        reject(got[ex_valid], population, "Â: you divided by the population std (1/n); GRPO uses torch.std's Bessel-corrected one (1/(n − 1))")  # fmt: skip
+    forbid(my_group_advantages, why="write eq. (1.1) yourself, from the arguments")
+    got = my_group_advantages(ex11["rewards"], ex11["group"], ex11["valid"])
+    if isinstance(got, torch.Tensor) and got.shape == ex11["valid"].shape:
+        reject(got[ex11["valid"]], ex11["all_rows"], "Â: the rows with valid = False took part in their group's mean and std; leave them out (and give them Â = 0)")  # fmt: skip
+        reject(got[ex11["valid"]], ex11["population"], "Â: you divided by the population std (1/n); GRPO uses torch.std's Bessel-corrected one (1/(n − 1))")  # fmt: skip
         ensure(bool(torch.isfinite(got).all()), f"Â has NaN or inf: {got}. A group with one valid row has no std (n − 1 = 0): it carries no contrast, give it Â = 0")  # fmt: skip
-    expect_close(got, by_hand, "Â of every row", rtol=1e-5, atol=1e-6)
+    expect_close(got, ex11["by_hand"], "Â of every row", rtol=1e-5, atol=1e-6)
+
+    def reference(rewards, group, valid):  # eq. (1.1) from its definition, one group at a time
+        adv = torch.zeros_like(rewards)
+        for g in set(group.tolist()):
+            rows = [i for i in range(len(group)) if group[i] == g and valid[i]]
+            if len(rows) >= 2:
+                mean = sum(float(rewards[i]) for i in rows) / len(rows)
+                std = math.sqrt(sum((float(rewards[i]) - mean) ** 2 for i in rows) / (len(rows) - 1))
+                for i in rows:
+                    adv[i] = (float(rewards[i]) - mean) / (std + 1e-6)
+        return adv
+
+    expect_cases(my_group_advantages, reference, case_1_1, "Â of every row", rtol=1e-9, atol=1e-12)
 
 # %% [markdown]
 # **Exercise 1.2 — the coefficients at ratio 1, in closed form.** At $\theta = \theta_\text{old}$ every
@@ -414,8 +467,38 @@ with check("1.1"):
 # returning the $(B, T)$ tensor $c_{i,t}$ of eq. (1.4) for two aggregations (the `aggregate` modes of
 # `cancellation.aggregation`): `"token-mean"` (divide by the number $N$ of real tokens) and
 # `"seq-mean-token-mean"` (each completion's mean over its own $T_i$ tokens, then the mean over the
-# $G$ completions). Padding (mask 0) is not in the loss. The check's group has unequal lengths and
-# padding; `token_coefficients` and `compute_loss` are switched off during it.
+# $G$ completions of the batch). Padding (mask 0) is not in the loss. The check's batches have unequal
+# lengths and padding, and advantages that need not sum to 0; write the closed form (autograd through a
+# loss is refused).
+
+# %%
+# the check's example, worked out by hand: T_i = 4, 2, 3, so N = 9 and G = 3
+ex12 = {
+    "adv": torch.tensor([1.0, -0.5, -0.5], dtype=f64),
+    "mask": torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]], dtype=f64),
+    "token-mean": torch.tensor([[1 / 9] * 4, [-1 / 18] * 2 + [0, 0], [-1 / 18] * 3 + [0]], dtype=f64),
+    "seq-mean-token-mean": torch.tensor(
+        [[1 / 12] * 4, [-1 / 12] * 2 + [0, 0], [-1 / 18] * 3 + [0]], dtype=f64
+    ),
+}
+
+
+# %%
+def case_1_2(gen):
+    """A random batch for the check: (adv, mask, aggregation) and what it holds."""
+    kind = int(torch.randint(4, (), generator=gen))
+    b, t = (int(n) for n in torch.randint(2, 6, (2,), generator=gen))
+    lengths = torch.randint(1, t + 1, (b,), generator=gen)
+    lengths[0] = t if kind < 3 else 1  # one full-length completion, or one of a single token
+    mask = (torch.arange(t)[None, :] < lengths[:, None]).to(f64)
+    adv = torch.randn(b, generator=gen, dtype=f64)
+    if kind == 1:
+        adv -= adv.mean()  # Σ Â = 0
+    elif kind == 2:
+        adv[::2] = 0.0  # zero-advantage rows
+    aggregation = ("token-mean", "seq-mean-token-mean")[int(torch.randint(2, (), generator=gen))]
+    what = ["Σ Â ≠ 0", "Σ Â = 0", "zero-advantage rows", "a one-token completion"][kind]
+    return (adv, mask, aggregation), f"{aggregation}, lengths {lengths.tolist()}, {what}"
 
 
 # %%
@@ -426,29 +509,27 @@ def my_coefficients(adv: torch.Tensor, mask: torch.Tensor, aggregation: str) -> 
 
 # %%
 with check("1.2"):
-    with switched_off(globals(), "token_coefficients", "compute_loss"):
-        ex_adv = torch.tensor([1.0, -0.5, -0.5], dtype=f64)
-        ex_mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]], dtype=f64)  # T_i = 4, 2, 3; N = 9
-        n9, g3 = 1 / 9, 1 / 3
-        token_mean = torch.tensor([[n9] * 4, [-n9 / 2] * 2 + [0, 0], [-n9 / 2] * 3 + [0]], dtype=f64)
-        seq_mean = torch.tensor([[g3 / 4] * 4, [-g3 / 4] * 2 + [0, 0], [-g3 / 6] * 3 + [0]], dtype=f64)
-        for mode, by_hand, other in [
-            ("token-mean", token_mean, seq_mean),
-            ("seq-mean-token-mean", seq_mean, token_mean),
-        ]:
-            got = my_coefficients(ex_adv, ex_mask, mode)
-            ensure(
-                not isinstance(got, torch.Tensor)
-                or got.shape != ex_mask.shape
-                or bool((got[ex_mask == 0] == 0).all()),
-                f"{mode}: your coefficients are not 0 on padding (mask = 0): {got}. Padding is not in the loss: multiply by the mask",
-            )
-            reject(
-                got,
-                other,
-                f"{mode}: these are the other aggregation's coefficients ({'Â_i/(G·T_i)' if mode == 'token-mean' else 'Â_i/N'})",
-            )
-            expect_close(got, by_hand, "∂J/∂logp of every token", at=f"for {mode}")
+    forbid(my_coefficients, ("backward", "autograd"), why="write the closed form of ∂J/∂logp yourself")
+    for mode, other in [("token-mean", "seq-mean-token-mean"), ("seq-mean-token-mean", "token-mean")]:
+        got = my_coefficients(ex12["adv"], ex12["mask"], mode)
+        ensure(not isinstance(got, torch.Tensor) or got.shape != ex12["mask"].shape or bool((got[ex12["mask"] == 0] == 0).all()),
+               f"{mode}: your coefficients are not 0 on padding (mask = 0): {got}. Padding is not in the loss: multiply by the mask")  # fmt: skip
+        hint = "Â_i/(G·T_i)" if mode == "token-mean" else "Â_i/N"
+        reject(got, ex12[other], f"{mode}: these are the other aggregation's coefficients ({hint})")
+        expect_close(got, ex12[mode], "∂J/∂logp of every token", at=f"for {mode}")
+
+    def reference(adv, mask, aggregation):  # c_(i,t) token by token, from the two definitions
+        b, t = mask.shape
+        n = sum(float(m) for m in mask.flatten())
+        coef = torch.zeros(b, t, dtype=adv.dtype)
+        for i in range(b):
+            t_i = sum(float(m) for m in mask[i])
+            for j in range(t):
+                if mask[i, j] == 1:
+                    coef[i, j] = adv[i] / n if aggregation == "token-mean" else adv[i] / (t_i * b)
+        return coef
+
+    expect_cases(my_coefficients, reference, case_1_2, "∂J/∂logp of every token", rtol=1e-9, atol=1e-15)
 
 # %% [markdown]
 # **Exercise 1.3 — which events cancel?** Under token-mean at ratio 1 an event $S$'s net coefficient is
@@ -459,6 +540,40 @@ with check("1.2"):
 #
 # *Hint:* `torch.unique(keys[mask.bool()], return_inverse=True)` and `index_add_`.
 
+# %%
+# the check's example: padding keys 12, 16, 13 (16 only on padding); event 14 twice among row 2's real
+# tokens. By hand, events 10..14: 10 (all three rows) (1 − 1/2 − 1/2)/9 = 0, 11 (rows 0, 1) (1/2)/9, 12 and
+# 13 (row 0) 1/9, 14 (row 2, two tokens) 2·(−1/2)/9. Then what the padding counted in gives (ids 10–14, 16).
+ex13 = {
+    "adv": torch.tensor([1.0, -0.5, -0.5], dtype=f64),
+    "mask": torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]], dtype=f64),
+    "keys": torch.tensor([[10, 11, 12, 13], [10, 11, 12, 16], [10, 14, 14, 13]]),
+    "by_hand": torch.tensor([0.0, 1 / 18, 1 / 9, 1 / 9, -1 / 9], dtype=f64),
+    "with_padding": torch.tensor([0.0, 1 / 18, 1 / 18, 1 / 18, -1 / 9, -1 / 18], dtype=f64),
+}
+
+
+# %%
+def case_1_3(gen):
+    """A random batch for the check: (adv, keys, mask) and what it holds; ids are shuffled, so the first
+    appearance is not the sorted order."""
+    kind = int(torch.randint(4, (), generator=gen))
+    b, t = (int(n) for n in torch.randint(2, 6, (2,), generator=gen))
+    lengths = torch.randint(1, t + 1, (b,), generator=gen)
+    lengths[int(torch.randint(b, (), generator=gen))] = t
+    mask = (torch.arange(t)[None, :] < lengths[:, None]).to(f64)
+    keys = 100 + torch.randperm(40, generator=gen)[torch.randint(8, (b, t), generator=gen)]
+    adv = torch.randn(b, generator=gen, dtype=f64)
+    if kind == 0:  # a whole-group event (every first token) with Σ Â = 0: it cancels
+        keys[:, 0], adv = 7, adv - adv.mean()
+    elif kind == 1:  # two identical completions, and a zero-advantage row
+        keys[1], mask[1], adv[-1] = keys[0], mask[0], 0.0
+    elif kind == 2:  # every padding position carries an id no real token has
+        keys[mask == 0] = 999
+    what = ["a whole-group event, Σ Â = 0", "identical completions, a zero-advantage row",
+            "ids only on padding", "padding ids shared with real tokens, Σ Â ≠ 0"][kind]  # fmt: skip
+    return (adv, keys, mask), f"{what}; lengths {lengths.tolist()}"
+
 
 # %%
 def my_event_nets(adv: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -468,26 +583,21 @@ def my_event_nets(adv: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor) -> 
 
 # %%
 with check("1.3"):
-    ex_adv = torch.tensor([1.0, -0.5, -0.5], dtype=f64)
-    ex_mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]], dtype=f64)
-    # padding keys: 12, 16, 13 (16 only on padding); event 14 twice among row 2's real tokens
-    ex_keys = torch.tensor([[10, 11, 12, 13], [10, 11, 12, 16], [10, 14, 14, 13]])
-    got = my_event_nets(ex_adv, ex_keys, ex_mask)
-    # events 10..14; by hand: 10 (all three) (1 − 1/2 − 1/2)/9 = 0, 11 (rows 0, 1) (1/2)/9, 12 and 13 (row 0)
-    # 1/9, 14 (row 2, two tokens) 2·(−1/2)/9
-    n9 = 1 / 9
-    by_hand = torch.tensor([0.0, n9 / 2, n9, n9, -n9], dtype=f64)
-    with_padding = torch.tensor([0.0, n9 / 2, n9 / 2, n9 / 2, -n9, -n9 / 2], dtype=f64)  # ids 10–14, 16
-    reject(got, [0.0, n9 / 2, n9, n9, -n9 / 2], "the net of event 14 counts row 2 once, but the event is two of its real tokens: sum Â over the tokens, not over the completions")  # fmt: skip
-    reject(
-        got,
-        with_padding,
-        "the nets of events 12 and 13 count the padding positions that carry their keys: keep only mask = 1",
-    )
-    reject(
-        got,
-        with_padding * 9 / 12,
-        "the nets count the padding positions (and divide by B·T = 12, not N = 9): keep only mask = 1",
-    )
+    forbid(my_event_nets, why="sum the advantages per event yourself")
+    got = my_event_nets(ex13["adv"], ex13["keys"], ex13["mask"])
+    reject(got, [0.0, 1 / 18, 1 / 9, 1 / 9, -1 / 18], "the net of event 14 counts row 2 once, but the event is two of its real tokens: sum Â over the tokens, not over the completions")  # fmt: skip
+    reject(got, ex13["with_padding"], "the nets of events 12 and 13 count the padding positions that carry their keys: keep only mask = 1")  # fmt: skip
+    reject(got, ex13["with_padding"] * 9 / 12, "the nets count the padding positions (and divide by B·T = 12, not N = 9): keep only mask = 1")  # fmt: skip
     ensure(not isinstance(got, torch.Tensor) or got.shape != (6,), f"6 nets for 5 events: {got}. Event 16 is only on padding (row 1's last position), it has no real token: take the ids from keys[mask = 1]", "wrong shape")  # fmt: skip
-    expect_close(got, by_hand, "Σ Â / N of every event (ids 10–14)")
+    expect_close(got, ex13["by_hand"], "Σ Â / N of every event (ids 10–14)")
+
+    def reference(adv, keys, mask):  # every real token adds its completion's Â to its event's sum
+        nets = {}
+        for i in range(mask.shape[0]):
+            for j in range(mask.shape[1]):
+                if mask[i, j] == 1:
+                    nets[int(keys[i, j])] = nets.get(int(keys[i, j]), 0.0) + float(adv[i])
+        n = sum(float(m) for m in mask.flatten())
+        return torch.tensor([nets[k] / n for k in sorted(nets)], dtype=adv.dtype)
+
+    expect_cases(my_event_nets, reference, case_1_3, "Σ Â / N of every event (sorted by id)", atol=1e-12)

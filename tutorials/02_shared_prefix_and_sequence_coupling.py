@@ -28,7 +28,7 @@
 import plotly.graph_objects as go
 import plotly.io as pio
 import torch
-from exercise_check import check, expect_close, reject  # the exercises' check cells (next to this file)
+from exercise_check import check, expect_cases, expect_close, forbid, number, reject  # the exercises' checks
 from show import fmt, table  # aligned tables of the numbers the cells compute
 
 from app.figures import ARM_COLORS, SYMBOLS  # one colour per arm (the app's) and marker symbols
@@ -252,8 +252,12 @@ table(rows)
 # ## Exercises
 #
 # Write the body of each `my_*` function (until you do, it raises `NotImplementedError`), run its
-# cell, then run the check cell below it: it prints ✓ or says what is missing or wrong. A worked
-# solution is in `tutorials/solutions/02_shared_prefix_and_sequence_coupling.py`; try first.
+# cell, then run the check cell below it: it prints ✓ or says what is missing or wrong. Each check
+# runs your function on numbers worked out by hand (its messages name the usual mistakes), then on 20
+# random cases (a new seed each run, printed when a case fails; `TUTORIAL_CHECK_SEED=<seed>` reruns
+# them) against its own plain-loop computation of the definition. An answer that calls the library,
+# autograd, or reads the notebook's variables instead of its arguments is refused before it runs. A
+# worked solution is in `tutorials/solutions/02_shared_prefix_and_sequence_coupling.py`; try first.
 #
 # **Exercise 2.1 — every token's coefficient, off $\theta_\text{old}$.** For the group
 # $\{\tau_1, \tau_2\}$ of section 1 ($\hat A = (-1, +1)$, no clipping) write
@@ -261,8 +265,35 @@ table(rows)
 # J/\partial\log\pi_\theta(a^{(i)}_t)$ (float64; rows $\tau_1, \tau_2$, columns $t = 1, 2, 3$) for
 # `"grpo"` (token-mean over the $N = 6$ tokens: $\mathcal J = \frac1N\sum_{i,t} r_{i,t}\hat A_i$) and
 # for `"seq"` (the product weight of eq. 11: $\mathcal J = \frac1G\sum_i s_i\hat A_i$,
-# $s_i = \prod_t r_{i,t}$). Use $\partial r/\partial\log\pi = r$. The check compares with numbers
-# worked out by hand at two settings the cells above do not print.
+# $s_i = \prod_t r_{i,t}$). Use $\partial r/\partial\log\pi = r$ (autograd is refused: write the
+# derivative). The check compares with numbers worked out by hand at two settings the cells above do
+# not print, then with random ratios.
+
+# %%
+# the check's numbers, worked out by hand: (ρ1, ρ2, λ1, λ2) = (1.2, 0.75, 1.4, 0.6): GRPO c = Â_i·r_(i,t)/6;
+# s_1 = 1.26, s_2 = 0.54; (0.4, 1.6, 2.0, 0.5): s_1 = 1.28, s_2 = 0.32; "seq" c = Â_i·s_i/2 on every token
+ex21 = {
+    ((1.2, 0.75, 1.4, 0.6), "grpo"): [[-0.2, -0.125, -1.4 / 6], [0.2, 0.125, 0.1]],
+    ((1.2, 0.75, 1.4, 0.6), "seq"): [[-0.63] * 3, [0.27] * 3],
+    ((0.4, 1.6, 2.0, 0.5), "grpo"): [[-0.4 / 6, -1.6 / 6, -2.0 / 6], [0.4 / 6, 1.6 / 6, 0.5 / 6]],
+    ((0.4, 1.6, 2.0, 0.5), "seq"): [[-0.64] * 3, [0.16] * 3],
+}
+
+
+# %%
+def case_2_1(gen):
+    """Random ratios (ρ1, ρ2, λ1, λ2) in (0.2, 3) and an objective for the check, and what they are."""
+    kind = int(torch.randint(4, (), generator=gen))
+    rho1, rho2, lam1, lam2 = (0.2 + 2.8 * torch.rand(4, generator=gen, dtype=f64)).tolist()
+    if kind == 1:
+        lam2 = lam1  # identical ratios on the last tokens too
+    elif kind == 2:
+        rho1 = rho2 = 1.0  # the shared steps unmoved
+    elif kind == 3:
+        rho1, rho2, lam1, lam2 = 1.0, 1.0, 1.0, lam2  # only τ2's last token moved
+    objective = ("grpo", "seq")[int(torch.randint(2, (), generator=gen))]
+    what = ["random ratios", "λ1 = λ2", "ρ1 = ρ2 = 1", "every ratio 1 but λ2"][kind]
+    return (rho1, rho2, lam1, lam2, objective), f"{objective}, {what}: {(rho1, rho2, lam1, lam2)}"
 
 
 # %%
@@ -273,16 +304,9 @@ def my_coefficients(rho1: float, rho2: float, lam1: float, lam2: float, objectiv
 
 # %%
 with check("2.1"):
-    # by hand, (ρ1, ρ2, λ1, λ2) = (1.2, 0.75, 1.4, 0.6): GRPO c = Â_i·r_(i,t)/6; s_1 = 1.26, s_2 = 0.54;
-    # (0.4, 1.6, 2.0, 0.5): s_1 = 1.28, s_2 = 0.32; "seq" c = Â_i·s_i/2 on every token of τ_i
-    by_hand = {
-        ((1.2, 0.75, 1.4, 0.6), "grpo"): [[-0.2, -0.125, -1.4 / 6], [0.2, 0.125, 0.1]],
-        ((1.2, 0.75, 1.4, 0.6), "seq"): [[-0.63] * 3, [0.27] * 3],
-        ((0.4, 1.6, 2.0, 0.5), "grpo"): [[-0.4 / 6, -1.6 / 6, -2.0 / 6], [0.4 / 6, 1.6 / 6, 0.5 / 6]],
-        ((0.4, 1.6, 2.0, 0.5), "seq"): [[-0.64] * 3, [0.16] * 3],
-    }
+    forbid(my_coefficients, ("backward", "autograd"), why="write ∂J/∂log π with ∂r/∂log π = r yourself")
     sign = torch.tensor([[-1.0], [1.0]], dtype=f64)
-    for (setting, objective), expected in by_hand.items():
+    for (setting, objective), expected in ex21.items():
         got = my_coefficients(*setting, objective)
         ratios = torch.tensor([setting[:3], [*setting[:2], setting[3]]], dtype=f64)
         reject(got, sign / 6 * torch.ones(2, 3, dtype=f64), f"{objective}: these are the coefficients at ratio 1 (tutorial 1); off θ_old each term carries its ratio, ∂(r·Â)/∂log π = r·Â")  # fmt: skip
@@ -291,17 +315,61 @@ with check("2.1"):
         at = f"at (ρ1, ρ2, λ1, λ2) = {setting}"
         expect_close(got, torch.tensor(expected, dtype=f64), f"c_(i,t) of {objective}", at=at)
 
+    def reference(rho1, rho2, lam1, lam2, objective):  # token by token, from the two surrogates
+        ratios, signs, coef = (
+            [[rho1, rho2, lam1], [rho1, rho2, lam2]],
+            [-1.0, 1.0],
+            torch.zeros(2, 3, dtype=f64),
+        )
+        for i in range(2):
+            s_i = ratios[i][0] * ratios[i][1] * ratios[i][2]
+            for t in range(3):
+                coef[i, t] = signs[i] * ratios[i][t] / 6 if objective == "grpo" else signs[i] * s_i / 2
+        return coef
+
+    expect_cases(my_coefficients, reference, case_2_1, "c_(i,t)", rtol=1e-9, atol=1e-15)
+
 # %% [markdown]
 # Sum your `"seq"` columns 1 and 2 over the two rows and you have eq. (38)/G; sum your `"grpo"` ones
 # and you have eq. (9)'s 0.
 #
 # **Exercise 2.2 — eq. (38) for a group of $G$.** Eq. (38) is for two completions. Take a group of $G$
 # completions of length 3 that all start with the two shared tokens (ratios $\rho_1$, $\rho_2$) and
-# end with different last tokens (ratios $\lambda_i$), with advantages $\hat A_i$ summing to 0. Write
+# end with different last tokens (ratios $\lambda_i$), with advantages $\hat A_i$. Write
 # `my_prefix_net(adv, ρ1, ρ2, lam, length_norm)` returning the net coefficient $\sum_i c_{i,1}$ on the
 # first shared token under $\mathcal J = \frac1G\sum_i s_i\hat A_i$, where $s_i = \prod_t r_{i,t}$
 # (`length_norm=False`, eq. 11) or GSPO's $s_i = (\prod_t r_{i,t})^{1/3}$ (`length_norm=True`, eq. 44).
-# `adv` and `lam` are float64 tensors of shape $(G,)$; return a number.
+# `adv` and `lam` are float64 tensors of shape $(G,)$; return a number. The random cases include groups
+# of two, zero advantages, equal $\lambda_i$, and advantages that do not sum to 0 (raw rewards, say):
+# do not rely on $\sum_i \hat A_i = 0$.
+
+# %%
+# the check's numbers, worked out by hand with ρ1·ρ2 = 1.2·0.75 = 0.9: s = 0.9·λ = (1.17, 0.63, 0.9, 1.08)
+# for Π r, and Σ_i Â_i s_i = −1.755 + 1.305 = −0.45; GSPO: s_i = (0.9·λ_i)^(1/3) and ∂s_i/∂log π_t = s_i/3
+ex22 = {
+    "adv": torch.tensor([-1.5, 0.5, 0.5, 0.5], dtype=f64),
+    "lam": torch.tensor([1.3, 0.7, 1.0, 1.2], dtype=f64),
+    False: -0.45 / 4,
+    True: (-1.5 * 1.17 ** (1 / 3) + 0.5 * (0.63 ** (1 / 3) + 0.9 ** (1 / 3) + 1.08 ** (1 / 3))) / (3 * 4),
+}
+
+
+# %%
+def case_2_2(gen):
+    """A random group for the check: (adv, ρ1, ρ2, lam, length_norm) and what it holds."""
+    kind = int(torch.randint(4, (), generator=gen))
+    g = 2 if kind == 0 else int(torch.randint(3, 7, (), generator=gen))
+    adv = torch.randn(g, generator=gen, dtype=f64)
+    adv = adv - adv.mean() if kind < 2 else adv
+    lam = 0.2 + 2.8 * torch.rand(g, generator=gen, dtype=f64)
+    if kind == 1:
+        lam[:] = lam[0]  # every last token moved alike
+    elif kind == 2:
+        adv = torch.randint(2, (g,), generator=gen).to(f64)  # raw 0/1 rewards: Σ ≠ 0, zero rows
+    rho1, rho2 = (0.3 + 1.7 * torch.rand(2, generator=gen, dtype=f64)).tolist()
+    length_norm = bool(torch.randint(2, (), generator=gen))
+    what = ["a group of two", "equal λ_i", "raw 0/1 rewards (Σ ≠ 0)", "Σ Â ≠ 0"][kind]
+    return (adv, rho1, rho2, lam, length_norm), f"length_norm={length_norm}, {what}, G = {g}"
 
 
 # %%
@@ -312,24 +380,25 @@ def my_prefix_net(adv: torch.Tensor, rho1: float, rho2: float, lam: torch.Tensor
 
 # %%
 with check("2.2"):
-    ex_adv = torch.tensor([-1.5, 0.5, 0.5, 0.5], dtype=f64)
-    ex_lam = torch.tensor([1.3, 0.7, 1.0, 1.2], dtype=f64)
-    # by hand with ρ1·ρ2 = 1.2·0.75 = 0.9: s = 0.9·λ = (1.17, 0.63, 0.9, 1.08) for Π r, and
-    # Σ_i Â_i s_i = −1.755 + 1.305 = −0.45; GSPO: s_i = (0.9·λ_i)^(1/3) and ∂s_i/∂log π_t = s_i/3
-    prod = -0.45 / 4
-    gspo = (-1.5 * 1.17 ** (1 / 3) + 0.5 * (0.63 ** (1 / 3) + 0.9 ** (1 / 3) + 1.08 ** (1 / 3))) / (3 * 4)
-    for length_norm, expected in ((False, prod), (True, gspo)):
-        got = my_prefix_net(ex_adv, 1.2, 0.75, ex_lam, length_norm)
+    forbid(my_prefix_net, ("backward", "autograd"), why="write the net coefficient yourself")
+    for length_norm in (False, True):
         what = f"the net coefficient with length_norm={length_norm}"
-        reject(
-            got,
-            0.0,
-            f"{what}: 0 is GRPO's answer (eq. 9); a sequence weight multiplies the shared token by each completion's own s_i",
-        )
-        reject(
-            got,
-            (-1.5 * 1.3 + 0.5 * 2.9) / 4,
-            f"{what}: s_i = ρ1·ρ2·λ_i, the shared steps' ratios are part of every completion's weight",
-        )
-        reject(got, 3 * gspo, f"{what}: the 1/|τ_i| = 1/3 of ∂s_i/∂log π_t = s_i/|τ_i| is missing")
-        expect_close(got, expected, what)
+        got = number(my_prefix_net(ex22["adv"], 1.2, 0.75, ex22["lam"], length_norm), what)
+        reject(got, 0.0, f"{what}: 0 is GRPO's answer (eq. 9); a sequence weight multiplies the shared token by each completion's own s_i")  # fmt: skip
+        reject(got, (-1.5 * 1.3 + 0.5 * 2.9) / 4, f"{what}: s_i = ρ1·ρ2·λ_i, the shared steps' ratios are part of every completion's weight")  # fmt: skip
+        reject(got, 3 * ex22[True], f"{what}: the 1/|τ_i| = 1/3 of ∂s_i/∂log π_t = s_i/|τ_i| is missing")
+        expect_close(got, ex22[length_norm], what)
+
+    def reference(adv, rho1, rho2, lam, length_norm):  # each completion's ∂(s_i·Â_i/G)/∂log π_1
+        total = 0.0
+        for i in range(len(adv)):
+            s_i = rho1 * rho2 * float(lam[i])
+            total += float(adv[i]) * (s_i ** (1 / 3) / 3 if length_norm else s_i) / len(adv)
+        return total
+
+    def compare(got, expected, what, at):  # a number, whatever float type computed it
+        expect_close(number(got, f"{what} {at}"), expected, what, at=at, rtol=1e-6, atol=1e-9)
+
+    expect_cases(
+        my_prefix_net, reference, case_2_2, "the net coefficient on the shared first token", compare=compare
+    )

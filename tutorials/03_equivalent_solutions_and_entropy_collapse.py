@@ -22,16 +22,16 @@
 # then runs the toy for many steps and is explicit about what the toy does and does not show.
 
 # %%
-import math  # noqa: F401 (math: exercise 3.2)
+import math
 import statistics
 
 import plotly.io as pio
 import torch
-from exercise_check import check, expect_close, reject, switched_off  # the exercises' checks
+from exercise_check import check, expect_cases, expect_close, forbid, number, reject  # the exercises' checks
 from plotly.subplots import make_subplots
 from show import fmt, report_rows, table  # tables of the cells' numbers; quotes of experiments/REPORT.md
 
-from app.figures import ARM_COLORS, seed_band  # one colour per arm (the app's); its mean ± 1 std over seeds
+from app.figures import ARM_COLORS, SYMBOLS, seed_band  # arm colours and markers (the app's); mean ± 1 std
 from cancellation import compute_loss, group_advantages
 from cancellation.objectives import sequence_log_ratio
 from toymodel import simulate
@@ -190,30 +190,38 @@ ARM_COLOR = {name: ARM_COLORS[name.removesuffix(" ε=0.2")] for name in runs_spe
 # %% [markdown]
 # Each curve is the mean over the 5 seeds with a band of ±1 standard deviation (`app.figures.seed_band`,
 # the app's own curves). An arm has the same colour in both panels and in every tutorial
-# (`app.figures.ARM_COLORS`); at ε = 0.2 it is dotted.
+# (`app.figures.ARM_COLORS`). Several arms end on top of each other, so each also has its own dash and
+# marker symbol, and its markers sit on its own steps (every 12th, shifted by 2 per arm): the eq. 86
+# control (dashed, ◇, drawn last) runs on DFPO Min-Replace's curve at GSPO's ε, the point section 5
+# makes; the ε = 0.2 arms are dotted and dash-dotted.
 
 
 # %%
+DASH = {"eq. 86 control": "dash", "GSPO ε=0.2": "dot", "DFPO Min-Replace ε=0.2": "dashdot"}
+
+
 def add_curve(fig, name, rows_by_seed, key, col):
-    """The mean of `key` over the seeds and its ±1 std band, in the arm's colour."""
+    """The mean of `key` over the seeds and its ±1 std band, in the arm's colour, dash and marker."""
     x, mean, std, _ = seed_band(rows_by_seed, key)
-    c = ARM_COLOR[name]
+    c, k = ARM_COLOR[name], list(runs_spec).index(name)
     band = dict(
         fill="toself", fillcolor=c, opacity=0.15, line={"width": 0}, hoverinfo="skip", showlegend=False
     )
     fig.add_scatter(
         x=[*x, *x[::-1]], y=[*(mean + std), *(mean - std)[::-1]], legendgroup=name, **band, row=1, col=col
     )
+    sizes = [9 if (j - 2 * k) % 12 == 0 else 0 for j in range(len(x))]  # each arm marks its own steps
     fig.add_scatter(
-        x=x, y=mean, name=name, legendgroup=name, showlegend=col == 1, row=1, col=col,
-        line={"color": c, "dash": "dot" if name.endswith("ε=0.2") else None},
+        x=x, y=mean, name=name, legendgroup=name, showlegend=col == 1, row=1, col=col, mode="lines+markers",
+        line={"color": c, "dash": DASH.get(name, "solid")}, marker={"symbol": SYMBOLS[k], "size": sizes, "color": c},
     )  # fmt: skip
 
 
+# %%
 fig = make_subplots(rows=1, cols=2, subplot_titles=("log π(τ2)/π(τ3)", "equivalent-set entropy (nats)"))
-for name, rows_by_seed in runs.items():
+for name in sorted(runs, key=lambda n: n == "eq. 86 control"):  # the control last, on top of DFPO
     for col, key in ((1, "equiv_log_odds"), (2, "equiv_entropy")):
-        add_curve(fig, name, rows_by_seed, key, col)
+        add_curve(fig, name, runs[name], key, col)
 fig.update_layout(
     title="equivalent_solutions, mean ± 1 std over 5 seeds (G=8, 4 inner epochs, SGD lr 0.5)", height=420
 )
@@ -268,7 +276,29 @@ report_rows("toy_main", "equivalent-set entropy")
 # %% [markdown]
 # So at matched reward GSPO keeps *more* equivalent-set entropy than DFPO and than GRPO (the
 # contradicted rows), and the transform's own effect (DFPO against the eq. 86 control) is either a
-# held difference of order $10^{-4}$ nats or not resolved. The toy shows the *mechanism* exactly:
+# held difference of order $10^{-4}$ nats or not resolved.
+#
+# **Why "DFPO keeps a higher entropy than GSPO" is contradicted in one study and not resolved in the
+# other.** The two rows ask the same words of two different toys, and neither isolates the coupling:
+#
+# * `toy_aggregation` runs this tutorial's toy. Its equivalent set is two answers, and their drift is
+#   mostly credit assignment (τ2 shares "The" with the wrong τ1, section 3), the same for every arm.
+#   GSPO runs at its own clip range, which silences most sequences after the first inner step (section
+#   5's first point): it takes several times as many steps to reach E[R] ≥ 0.9 and gets there along
+#   another path, which on this toy leaves more of the set's entropy at the matched step. That
+#   difference is large against the seeds' spread (Δ = −0.04828 nats, interval [−0.04968, −0.04688]
+#   over 1024 seeds), so the test decides it, on the other side from the prediction. What it measures
+#   is GSPO's estimator (a clipped sequence gets no gradient), not sequence coupling: the comparison that
+#   holds the estimator fixed, DFPO against the eq. 86 control, is the held row, a difference of
+#   +9.79e-05 nats.
+# * `toy_main` runs another toy, `template_task`: completions of one length whose equivalent set is
+#   the 243 template forms of the correct answer (about 4 nats of entropy), and whose template choices
+#   carry no reward, so nothing pushes the set in a systematic direction, only the noise of the
+#   updates (the learning tax). There GSPO's slower path leaves the entropy where DFPO's does up to
+#   the noise: Δ = +0.00491 nats with the interval [−0.007018, +0.01684] around 0, a difference smaller
+#   than 1024 seeds resolve, so the prediction is neither held nor contradicted.
+#
+# The toy shows the *mechanism* exactly:
 # eq. (39)'s unequal weights and the one-step s-driven part of eq. (41), which DFPO Min-Replace removes
 # (section 3), and, on the shared-prefix toy, eq. (38)'s non-cancelling coefficient (tutorial 2).
 # Whether those per-step terms accumulate into a measurable collapse depends on their sign being
@@ -278,17 +308,23 @@ report_rows("toy_main", "equivalent-set entropy")
 # ## Exercises
 #
 # Write the body of each `my_*` function (until you do, it raises `NotImplementedError`), run its
-# cell, then run the check cell below it: it prints ✓ or says what is missing or wrong. A worked
-# solution is in `tutorials/solutions/03_equivalent_solutions_and_entropy_collapse.py`; try first.
+# cell, then run the check cell below it: it prints ✓ or says what is missing or wrong. Each check
+# runs your function on numbers worked out by hand (its messages name the usual mistakes), then on 20
+# random cases (a new seed each run, printed when a case fails; `TUTORIAL_CHECK_SEED=<seed>` reruns
+# them) against its own plain-loop computation of the definition. An answer that calls the library
+# (`policy` included), or reads the notebook's variables instead of its arguments, is refused before it
+# runs. A worked solution is in `tutorials/solutions/03_equivalent_solutions_and_entropy_collapse.py`;
+# try first.
 #
-# **Exercise 3.1 — sequence weights from trajectory probabilities.** Eq. (44) has two forms of the
-# same weight. Write `my_sequence_weights(theta, length_norm)` that computes, for the three
-# trajectories, $s_i = \pi_\theta(\tau_i)/\pi_{\theta_\text{old}}(\tau_i)$ (eq. 11's $\prod_t r_{i,t}$,
-# `length_norm=False`) or GSPO's $s_i = (\pi_\theta(\tau_i)/\pi_{\theta_\text{old}}(\tau_i))^{1/|\tau_i|}$
-# (`length_norm=True`) from whole-trajectory log-probabilities (`policy.traj_logp(logits)`, and
-# `policy.lengths`). The check compares with numbers worked out by hand; `sequence_log_ratio`, which
-# computes the token-level form in one call, is switched off during it.
-
+# **Exercise 3.1 — sequence weights from the tokens.** Eq. (44) has two forms of the same weight:
+# $\log\pi_\theta(\tau_i) = \sum_t \log\pi_\theta(a_t \mid h_t)$ over $\tau_i$'s real tokens, so
+# $\pi_\theta(\tau_i)/\pi_{\theta_\text{old}}(\tau_i) = \prod_t r_{i,t}$. Write
+# `my_sequence_weights(logp, old_logp, mask, length_norm)` that returns the $(B,)$ weights
+# $s_i = \prod_t r_{i,t}$ (eq. 11, `length_norm=False`) or GSPO's $s_i = (\prod_t r_{i,t})^{1/|\tau_i|}$
+# (`length_norm=True`) from the $(B, T)$ tensors of the tokens' log-probabilities under $\theta$ and
+# $\theta_\text{old}$ and the mask ($|\tau_i|$ = row $i$'s real tokens; padding, mask 0, holds values
+# that mean nothing). The check feeds it this toy's three trajectories at two $\theta$ worked out by
+# hand, then random batches; `sequence_log_ratio`, which computes it in one call, is refused.
 
 # %%
 # the check's cases, worked out by hand (θ_old is uniform: π_old(The) = π_old(10) = π_old(25 | …) =
@@ -300,32 +336,64 @@ weight_cases = [
 
 
 # %%
-def my_sequence_weights(theta: torch.Tensor, length_norm: bool) -> torch.Tensor:
-    """(3,) sequence weights at θ against θ_old: Π_t r (length_norm=False) or GSPO's (Π_t r)^(1/|τ|)."""
+def case_3_1(gen):
+    """A random batch for the check: (logp, old_logp, mask, length_norm) and what it holds; padding
+    holds random values that are not 0."""
+    kind = int(torch.randint(4, (), generator=gen))
+    b, t = int(torch.randint(2, 6, (), generator=gen)), int(torch.randint(2, 7, (), generator=gen))
+    lengths = torch.randint(1, t + 1, (b,), generator=gen)
+    lengths[0], lengths[-1] = t, (1 if kind == 1 else lengths[-1])  # one full row; a one-token row
+    mask = (torch.arange(t)[None, :] < lengths[:, None]).to(f64)
+    old_logp = -3 * torch.rand(b, t, generator=gen, dtype=f64)
+    logp = old_logp + 0.4 * torch.randn(b, t, generator=gen, dtype=f64)
+    if kind == 2:  # θ = θ_old on every real token: s = 1
+        logp = torch.where(mask == 1, old_logp, logp)
+    elif kind == 3:  # two identical completions
+        logp[1], old_logp[1], mask[1], lengths[1] = logp[0], old_logp[0], mask[0], lengths[0]
+    length_norm = bool(torch.randint(2, (), generator=gen))
+    what = ["unequal lengths", "a one-token completion", "θ = θ_old", "identical completions"][kind]
+    return (
+        logp,
+        old_logp,
+        mask,
+        length_norm,
+    ), f"length_norm={length_norm}, {what}, lengths {lengths.tolist()}"
+
+
+# %%
+def my_sequence_weights(
+    logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, length_norm: bool
+) -> torch.Tensor:
+    """(B,) sequence weights: Π_t r over each row's real tokens (length_norm=False) or GSPO's (Π_t r)^(1/|τ|)."""
     raise NotImplementedError("Exercise 3.1: replace this line with your code")
 
 
 # %%
 with check("3.1"):
+    forbid(my_sequence_weights, why="sum the log-ratios of each row's real tokens yourself")
     for probs, prod in weight_cases:
-        th = policy.logits_from_probs(probs)
+        logp_th = policy.token_logp(policy.logits_from_probs(probs), idx)
         gspo = torch.tensor([prod[0] ** (1 / 5), prod[1] ** (1 / 5), prod[2] ** (1 / 6)], dtype=f64)
         prod = torch.tensor(prod, dtype=f64)
-        with switched_off(globals(), "sequence_log_ratio"):
-            got_prod, got_gspo = my_sequence_weights(th, False), my_sequence_weights(th, True)
+        got_prod, got_gspo = (my_sequence_weights(logp_th, old_logp, mask, flag) for flag in (False, True))
         reject(
             got_gspo,
             prod,
             f"GSPO's s_i at π_θ = {probs}: this is Π_t r (eq. 11); eq. 44 takes the |τ_i|-th root",
         )
         for T in (5, 6):
-            reject(
-                got_gspo,
-                prod ** (1 / T),
-                f"GSPO's s_i at π_θ = {probs}: every trajectory got the root 1/{T}; each takes its own length |τ_i| (5, 5, 6)",
-            )
+            reject(got_gspo, prod ** (1 / T), f"GSPO's s_i at π_θ = {probs}: every trajectory got the root 1/{T}; each takes its own length |τ_i| (5, 5, 6)")  # fmt: skip
         expect_close(got_prod, prod, "the weights Π_t r", at=f"at π_θ = {probs}")
         expect_close(got_gspo, gspo, "GSPO's weights s_i", at=f"at π_θ = {probs}")
+
+    def reference(logp, old_logp, mask, length_norm):  # row by row, over its real tokens only
+        s = torch.zeros(mask.shape[0], dtype=f64)
+        for i in range(mask.shape[0]):
+            logs = [float(logp[i, t] - old_logp[i, t]) for t in range(mask.shape[1]) if mask[i, t] == 1]
+            s[i] = math.exp(sum(logs) / len(logs) if length_norm else sum(logs))
+        return s
+
+    expect_cases(my_sequence_weights, reference, case_3_1, "the sequence weights s_i", rtol=1e-9, atol=1e-12)
 
 # %% [markdown]
 # **Exercise 3.2 — entropy from log-odds.** The table of section 4 prints each arm's final log-odds
@@ -333,7 +401,7 @@ with check("3.1"):
 # first. Renormalised over the equivalent set, $\tau_2$ has the share $p = \pi(\tau_2)/(\pi(\tau_2) +
 # \pi(\tau_3))$. Write `my_equiv_entropy(log_odds)` returning the entropy (in nats) of the two-answer
 # distribution $(p, 1 - p)$ as a number, from $\ell$ alone. (Then check a row of the table with it.)
-
+# The random cases draw $\ell$ in $[-6, 6]$, 0 included.
 
 # %%
 # the check's values, worked out by hand: p = 1/(1 + e^(−ℓ)), H = −p·ln p − (1 − p)·ln(1 − p); ℓ = 0: ln 2;
@@ -344,6 +412,16 @@ entropy_one_term = {0.0: 0.346574, -0.6931471805599453: 0.366204, -2.8: 0.163892
 
 
 # %%
+def case_3_2(gen):
+    """A random log-odds ℓ for the check, and what it is."""
+    kind = int(torch.randint(4, (), generator=gen))
+    ell = [0.0, -6 * float(torch.rand((), generator=gen)), 6 * float(torch.rand((), generator=gen)), 4.0][
+        kind
+    ]
+    return (ell,), f"ℓ = {ell:.6g}"
+
+
+# %%
 def my_equiv_entropy(log_odds: float) -> float:
     """Entropy (nats) of (p, 1 − p), p = τ2's share of the equivalent set, from ℓ = log π(τ2)/π(τ3)."""
     raise NotImplementedError("Exercise 3.2: replace this line with your code")
@@ -351,25 +429,20 @@ def my_equiv_entropy(log_odds: float) -> float:
 
 # %%
 with check("3.2"):
+    forbid(my_equiv_entropy, why="write the two-answer entropy yourself")
     for ell, expected in entropy_by_hand.items():
-        got = my_equiv_entropy(ell)
+        got = number(my_equiv_entropy(ell), f"the entropy at ℓ = {ell:g}")
         if ell == -2.8:  # p = e^ℓ = 0.0608 would give 0.229191
-            reject(
-                got,
-                0.229191,
-                "the entropy at ℓ = -2.8 uses p = e^ℓ = π(τ2)/π(τ3); τ2's share of the set is p = e^ℓ/(1 + e^ℓ)",
-                rtol=1e-4,
-            )
-        reject(
-            got,
-            entropy_in_bits[ell],
-            f"the entropy at ℓ = {ell:g} is in bits (log base 2); the toy's entropies are in nats (natural log)",
-            rtol=1e-4,
-        )
-        reject(
-            got,
-            entropy_one_term[ell],
-            f"the entropy at ℓ = {ell:g} is only −p·ln p; the other answer's share 1 − p has its term too",
-            rtol=1e-4,
-        )
+            reject(got, 0.229191, "the entropy at ℓ = -2.8 uses p = e^ℓ = π(τ2)/π(τ3); τ2's share of the set is p = e^ℓ/(1 + e^ℓ)", rtol=1e-4)  # fmt: skip
+        reject(got, entropy_in_bits[ell], f"the entropy at ℓ = {ell:g} is in bits (log base 2); the toy's entropies are in nats (natural log)", rtol=1e-4)  # fmt: skip
+        reject(got, entropy_one_term[ell], f"the entropy at ℓ = {ell:g} is only −p·ln p; the other answer's share 1 − p has its term too", rtol=1e-4)  # fmt: skip
         expect_close(got, expected, "the equivalent-set entropy", at=f"at ℓ = {ell:g}", rtol=1e-5)
+
+    def reference(ell):  # π(τ2) : π(τ3) = e^ℓ : 1, renormalised, then −Σ q·ln q
+        weights = [math.exp(ell), 1.0]
+        return -sum(w / sum(weights) * math.log(w / sum(weights)) for w in weights)
+
+    def compare(got, expected, what, at):  # a number, float32 or float64
+        expect_close(number(got, f"{what} {at}"), expected, what, at=at, rtol=1e-4, atol=1e-6)
+
+    expect_cases(my_equiv_entropy, reference, case_3_2, "the equivalent-set entropy", compare=compare)

@@ -27,7 +27,7 @@ import statistics
 
 import plotly.io as pio
 import torch
-from exercise_check import check, ensure, expect_close, reject, switched_off  # the exercises' checks
+from exercise_check import check, ensure, expect_cases, expect_close, forbid, reject  # the exercises' checks
 from plotly.subplots import make_subplots
 from show import report_rows, table  # tables of the cells' numbers; quotes of experiments/REPORT.md
 
@@ -245,23 +245,26 @@ def with_breaks(xs, ys, jumps):
 # Left: the group surrogate $C(w)$, continuous with kinks; right: the net coefficient on the shared
 # token, which **jumps** at the kinks (drawn as breaks, not as vertical lines). Markers are autograd
 # through the real objectives, lines the closed forms, one colour per objective. GRPO-fix's
-# coefficient is 0 for every $w$ (to float rounding; its legend entry says so).
+# coefficient is 0 for every $w$ (to float rounding; its legend entry says so). The three objectives
+# coincide over much of the grid (GRPO and DAPO below $w = 1.2$, all three inside the band), so each
+# has its own marker, drawn largest first (GRPO's big circles around DAPO's diamonds around
+# GRPO-fix's small squares), and its own dash (GRPO solid, DAPO dashed, GRPO-fix dotted).
 
 # %%
 fig = make_subplots(
     rows=1, cols=2, subplot_titles=("surrogate C(w) (eq. 75/76)", "net ∂J/∂logp of the shared token")
 )
 for i, (name, (objective, params, jumps)) in enumerate(curves.items()):
-    c = ARM_COLORS[name.split(" (")[0]]  # the arm's colour in every tutorial
+    c, dash = ARM_COLORS[name.split(" (")[0]], ("solid", "dash", "dot")[i]  # arm colour; a dash per arm
     autograd = [clip_asymmetry_net(objective, w, **params) for w in ws]
     zero = max(abs(y) for y in autograd) < 1e-12  # 0 up to float rounding on the whole grid
     if objective == "grpo":
-        fig.add_scatter(x=ws, y=[theory.clip_surrogate(w, **params) for w in ws], mode="lines", line={"color": c},
+        fig.add_scatter(x=ws, y=[theory.clip_surrogate(w, **params) for w in ws], mode="lines", line={"color": c, "dash": dash},
                         name=f"C(w), {name}", legendgroup=name, row=1, col=1)  # fmt: skip
-    fig.add_scatter(x=ws, y=autograd, mode="markers", marker={"color": c, "symbol": SYMBOLS[i], "size": 9},
+    fig.add_scatter(x=ws, y=autograd, mode="markers", marker={"color": c, "symbol": SYMBOLS[i], "size": 15 - 4 * i, "line": {"width": 2}},
                     name=f"{name} autograd" + (": 0 (to rounding)" if zero else ""), legendgroup=name, row=1, col=2)  # fmt: skip
     x, y = with_breaks(ws, [closed_form(objective, w, **params) for w in ws], jumps)
-    fig.add_scatter(x=x, y=y, mode="lines", line={"color": c}, connectgaps=False, name=f"{name} closed form",
+    fig.add_scatter(x=x, y=y, mode="lines", line={"color": c, "dash": dash}, connectgaps=False, name=f"{name} closed form",
                     legendgroup=name, row=1, col=2)  # fmt: skip
 for col in (1, 2):
     fig.add_vrect(x0=0.8, x1=1.2, fillcolor="green", opacity=0.08, line_width=0, row=1, col=col)
@@ -321,23 +324,47 @@ table(summary)
 # ## Exercises
 #
 # Write the body of each `my_*` function (until you do, it raises `NotImplementedError`), run its
-# cell, then run the check cell below it: it prints ✓ or says what is missing or wrong. A worked
+# cell, then run the check cell below it: it prints ✓ or says what is missing or wrong. Each check
+# runs your function on numbers worked out by hand (its messages name the usual mistakes), then on 20
+# random cases (a new seed each run, printed when a case fails; `TUTORIAL_CHECK_SEED=<seed>` reruns
+# them) against its own plain-loop computation of the definition. An answer that calls the library,
+# or reads the notebook's variables instead of its arguments, is refused before it runs. A worked
 # solution is in `tutorials/solutions/04_clipping_breaks_cancellation.py`; try first.
 #
 # **Exercise 4.1 — the sign-aware clip (eq. 46–47).** Write `my_sign_aware_clip(r, adv, epsilon_low,
 # epsilon_high)` returning, elementwise, the weight $\bar s$ with $\min(rA, \operatorname{clip}(r)A) =
 # A\,\bar s$ for both signs of $A$: with $c = \operatorname{clip}(r, 1-\varepsilon_\text{low},
 # 1+\varepsilon_\text{high})$, $\bar s = \min(r, c)$ if $A \ge 0$ and $\max(r, c)$ if $A < 0$. `r` and
-# `adv` are float64 tensors of one shape. The check uses an asymmetric range (0.2 / 0.28) and numbers
-# worked out by hand; `sign_aware_clip` is switched off during it.
+# `adv` are float64 tensors of one shape (any shape). The check uses an asymmetric range (0.2 / 0.28)
+# and numbers worked out by hand, then random ranges, shapes and advantages ($A = 0$ included).
 
 
 # %%
 # the check's case, worked out by hand with the clip range [0.8, 1.28]: A ≥ 0 keeps min(r, c), A < 0 max(r, c)
-# (the last two have A = 0, which takes min(r, c) like A > 0)
+# (the last two have A = 0, which takes min(r, c) like A > 0); then what three known mistakes give
 clip_r = torch.tensor([0.5, 0.5, 0.75, 0.9, 0.9, 1.25, 1.5, 1.5, 1.5, 0.5], dtype=f64)
 clip_a = torch.tensor([1.0, -1.0, -1.0, 1.0, -1.0, 1.0, 1.0, -1.0, 0.0, 0.0], dtype=f64)
 clip_s_bar = torch.tensor([0.5, 0.8, 0.8, 0.9, 0.9, 1.25, 1.28, 1.5, 1.28, 0.5], dtype=f64)
+plain_clip = torch.tensor([0.8, 0.8, 0.8, 0.9, 0.9, 1.25, 1.28, 1.28, 1.28, 0.8], dtype=f64)
+signs_swapped = torch.tensor([0.8, 0.5, 0.75, 0.9, 0.9, 1.25, 1.5, 1.28, 1.5, 0.8], dtype=f64)
+eps_swapped = torch.tensor([0.5, 0.72, 0.75, 0.9, 0.9, 1.2, 1.2, 1.5, 1.2, 0.5], dtype=f64)
+
+
+# %%
+def case_4_1(gen):
+    """A random case for the check: (r, adv, ε_low, ε_high) and what it holds."""
+    kind = int(torch.randint(4, (), generator=gen))
+    shape = (int(torch.randint(4, 13, (), generator=gen)),) if kind != 3 else (3, 4)
+    r = (0.6 * torch.randn(shape, generator=gen, dtype=f64)).exp()  # ratios on both sides of the band
+    adv = torch.randn(shape, generator=gen, dtype=f64)
+    adv[torch.rand(shape, generator=gen) < 0.25] = 0.0  # A = 0 takes the A ≥ 0 branch
+    eps_low, eps_high = (0.05 + 0.4 * torch.rand(2, generator=gen, dtype=f64)).tolist()
+    if kind == 1:
+        eps_high = eps_low  # a symmetric range
+    elif kind == 2:
+        eps_low, eps_high = 0.2, 0.28  # DAPO's
+    what = ["an asymmetric range", "a symmetric range", "DAPO's 0.2 / 0.28", "a (3, 4) batch"][kind]
+    return (r, adv, eps_low, eps_high), f"{what}, ε = ({eps_low:.4g}, {eps_high:.4g}), some A = 0"
 
 
 # %%
@@ -350,24 +377,13 @@ def my_sign_aware_clip(
 
 # %%
 with check("4.1"):
-    plain_clip = torch.tensor([0.8, 0.8, 0.8, 0.9, 0.9, 1.25, 1.28, 1.28, 1.28, 0.8], dtype=f64)
-    signs_swapped = torch.tensor([0.8, 0.5, 0.75, 0.9, 0.9, 1.25, 1.5, 1.28, 1.5, 0.8], dtype=f64)
-    eps_swapped = torch.tensor([0.5, 0.72, 0.75, 0.9, 0.9, 1.2, 1.2, 1.5, 1.2, 0.5], dtype=f64)
-    with switched_off(globals(), "sign_aware_clip"):
-        got = my_sign_aware_clip(clip_r, clip_a, 0.2, 0.28)
+    forbid(my_sign_aware_clip, why="write eq. (47) yourself")
+    got = my_sign_aware_clip(clip_r, clip_a, 0.2, 0.28)
     ensure(not isinstance(got, torch.Tensor) or got.shape != clip_r.shape or bool(got[clip_a == 0].isfinite().all()),
            f"s̄ at A = 0 (the last two entries) is {got[-2:].tolist() if isinstance(got, torch.Tensor) else got}: dividing "
            "min(rA, cA) by A fails there; write s̄ from r and c (eq. 47), and A = 0 takes min(r, c) like A > 0")  # fmt: skip
-    reject(
-        got,
-        plain_clip,
-        "s̄: that is clip(r) for both signs; eq. (47) keeps r where it lies on the side the sign does not clip: min(r, c) for A ≥ 0, max(r, c) for A < 0",
-    )
-    reject(
-        got,
-        signs_swapped,
-        "s̄: min and max are swapped: A ≥ 0 takes min(r, c) (no credit for pushing a good token past 1 + ε), A < 0 takes max(r, c)",
-    )
+    reject(got, plain_clip, "s̄: that is clip(r) for both signs; eq. (47) keeps r where it lies on the side the sign does not clip: min(r, c) for A ≥ 0, max(r, c) for A < 0")  # fmt: skip
+    reject(got, signs_swapped, "s̄: min and max are swapped: A ≥ 0 takes min(r, c) (no credit for pushing a good token past 1 + ε), A < 0 takes max(r, c)")  # fmt: skip
     reject(
         got,
         eps_swapped,
@@ -375,13 +391,47 @@ with check("4.1"):
     )
     expect_close(got, clip_s_bar, "s̄ (ε_low = 0.2, ε_high = 0.28)")
 
+    def reference(r, adv, epsilon_low, epsilon_high):  # entry by entry: c, then min or max by A's sign
+        s_bar = torch.zeros(r.numel(), dtype=r.dtype)
+        for j, (x, a) in enumerate(zip(r.flatten().tolist(), adv.flatten().tolist(), strict=True)):
+            c = min(max(x, 1.0 - epsilon_low), 1.0 + epsilon_high)
+            s_bar[j] = min(x, c) if a >= 0 else max(x, c)
+        return s_bar.reshape(r.shape)
+
+    expect_cases(my_sign_aware_clip, reference, case_4_1, "s̄", rtol=1e-12, atol=1e-15)
+
 # %% [markdown]
 # **Exercise 4.2 — one token's coefficient, GRPO and GRPO-fix.** Write `my_token_coefficient(r, adv,
 # objective)` returning, elementwise, $\partial(\text{term})/\partial\log\pi$ of one token's term (no
 # normaliser): for `"grpo"` the term is $\min(rA, \operatorname{clip}(r, 0.8, 1.2)A)$, for
 # `"grpo_symclip"` it is $A\cdot\operatorname{clip}(r, 0, 1.2)$ (eq. 79). Use $\partial r/\partial\log\pi =
-# r$ and that a clipped branch is a constant. (No ratio in the check sits on a clip boundary.)
-# `token_coefficients` is switched off during the check.
+# r$ and that a clipped branch is a constant (autograd is refused: write the derivative). No ratio in
+# the check sits on a clip boundary; the random cases have ratios far on both sides of the band, both
+# signs of $A$ and $A = 0$.
+
+
+# %%
+# fmt: off
+token_mistakes = {  # what a known slip gives on the check's example (r = 0.5, 0.5, 1, 1, 1.5, 1.5, A = ±1), and what it is
+    "grpo_symclip": [([0.0, 0.0, 1.0, -1.0, 0.0, 0.0], "GRPO-fix's clip is clip(r, 0, 1 + ε): it has no lower bound at 1 − ε, so at r = 0.5 the term keeps its gradient r·A for both signs")],
+    "grpo": [([1.0, 0.0, 1.0, -1.0, 0.0, -1.0], "∂(r·A)/∂log π = r·A: the coefficient carries the ratio r, not just A"),
+             ([0.5, -0.5, 1.0, -1.0, 1.5, -1.5], "r·A everywhere is the unclipped term; where min picks the clipped branch the term is a constant, coefficient 0")],
+}
+# fmt: on
+
+
+def case_4_2(gen):
+    """A random case for the check: (r, adv, objective) and what it holds; no r within 1e-6 of 0.8, 1.2."""
+    kind = int(torch.randint(3, (), generator=gen))
+    n = int(torch.randint(4, 13, (), generator=gen))
+    r = ((0.8 if kind == 1 else 0.5) * torch.randn(n, generator=gen, dtype=f64)).exp()
+    r = torch.where(((r - 0.8).abs() < 1e-6) | ((r - 1.2).abs() < 1e-6), r + 1e-3, r)
+    adv = torch.randn(n, generator=gen, dtype=f64)
+    if kind == 2:
+        adv[::3] = 0.0
+    objective = ("grpo", "grpo_symclip")[int(torch.randint(2, (), generator=gen))]
+    what = ["ratios around the band", "ratios far from 1", "some A = 0"][kind]
+    return (r, adv, objective), f"{objective}, {what}"
 
 
 # %%
@@ -392,30 +442,59 @@ def my_token_coefficient(r: torch.Tensor, adv: torch.Tensor, objective: str) -> 
 
 # %%
 with check("4.2"):
+    forbid(my_token_coefficient, ("backward", "autograd"), why="write the derivative of the term yourself")
     ex_r = torch.tensor([0.5, 0.5, 1.0, 1.0, 1.5, 1.5], dtype=f64)
     ex_a = torch.tensor([1.0, -1.0, 1.0, -1.0, 1.0, -1.0], dtype=f64)
     # by hand: GRPO keeps the gradient r·A where min picks r, else 0; GRPO-fix keeps r·A where r < 1.2
     by_hand = {"grpo": [0.5, 0.0, 1.0, -1.0, 0.0, -1.5], "grpo_symclip": [0.5, -0.5, 1.0, -1.0, 0.0, 0.0]}
-    # fmt: off
-    mistakes = {  # what a known slip gives, and what it is
-        "grpo_symclip": [([0.0, 0.0, 1.0, -1.0, 0.0, 0.0], "GRPO-fix's clip is clip(r, 0, 1 + ε): it has no lower bound at 1 − ε, so at r = 0.5 the term keeps its gradient r·A for both signs")],
-        "grpo": [([1.0, 0.0, 1.0, -1.0, 0.0, -1.0], "∂(r·A)/∂log π = r·A: the coefficient carries the ratio r, not just A"),
-                 ([0.5, -0.5, 1.0, -1.0, 1.5, -1.5], "r·A everywhere is the unclipped term; where min picks the clipped branch the term is a constant, coefficient 0")],
-    }
-    # fmt: on
     for objective, expected in by_hand.items():
-        with switched_off(globals(), "token_coefficients"):
-            got = my_token_coefficient(ex_r, ex_a, objective)
-        for mistake, message in mistakes[objective]:
+        got = my_token_coefficient(ex_r, ex_a, objective)
+        for mistake, message in token_mistakes[objective]:
             reject(got, torch.tensor(mistake, dtype=f64), f"{objective}: {message}")
         at = "at r = (0.5, 0.5, 1, 1, 1.5, 1.5), A = ±1"
         expect_close(got, torch.tensor(expected, dtype=f64), f"the coefficients of {objective}", at=at)
 
+    def reference(r, adv, objective):  # entry by entry: r·A where the term follows r, else 0
+        coef = torch.zeros_like(r)
+        for j, (x, a) in enumerate(zip(r.tolist(), adv.tolist(), strict=True)):
+            follows_r = x * a <= min(max(x, 0.8), 1.2) * a if objective == "grpo" else x < 1.2
+            coef[j] = x * a if follows_r else 0.0
+        return coef
+
+    expect_cases(my_token_coefficient, reference, case_4_2, "the coefficients", rtol=1e-12, atol=1e-15)
+
 # %% [markdown]
-# **Exercise 4.3 — where does clip-higher still cancel?** With DAPO's $\varepsilon_\text{low} = 0.2$,
-# $\varepsilon_\text{high} = 0.28$, return the interval $(w_\text{lo}, w_\text{hi})$ of ratios of the
-# shared token inside which GRPO's net coefficient is exactly zero. The check probes the objective
-# just inside and just outside your interval.
+# **Exercise 4.3 — where does clip-higher still cancel?** Return the interval $(w_\text{lo},
+# w_\text{hi})$ of ratios of the shared token inside which GRPO's net coefficient is exactly zero, for
+# a clip range $[1 - \varepsilon_\text{low}, 1 + \varepsilon_\text{high}]$ (DAPO's $\varepsilon_\text{low} =
+# 0.2$, $\varepsilon_\text{high} = 0.28$ first). The check probes the objective just inside and just
+# outside your interval, then compares with its own search for the edges at random clip ranges.
+
+
+# %%
+def case_4_3(gen):
+    """A random clip range (ε_low, ε_high) for the check, and what it is."""
+    kind = int(torch.randint(4, (), generator=gen))
+    eps_low, eps_high = (0.01 + 0.6 * torch.rand(2, generator=gen, dtype=f64)).tolist()
+    if kind == 1:
+        eps_high = eps_low
+    elif kind == 2:
+        eps_low, eps_high = 3e-4, 4e-4  # GSPO's
+    elif kind == 3:
+        eps_low, eps_high = max(eps_low, eps_high), min(eps_low, eps_high)
+    what = ["a random range", "a symmetric range", "GSPO's range", "ε_low > ε_high"][kind]
+    return (eps_low, eps_high), f"{what}: (ε_low, ε_high) = ({eps_low:.6g}, {eps_high:.6g})"
+
+
+def compare_4_3(got, expected, what, at):
+    """The check's comparison: a pair of numbers, each within 1e-9 of the edge."""
+    ensure(isinstance(got, (tuple, list)) and len(got) == 2, f"{what} {at}: expected a pair, got {got!r}", kind="wrong type")  # fmt: skip
+    expect_close(torch.tensor([float(w) for w in got], dtype=f64), torch.tensor(expected, dtype=f64), what, at=at, atol=1e-9)  # fmt: skip
+
+
+# just inside and just outside each edge of the interval: (edge, offset, inside, what the edge is if not)
+probes_4_3 = [("w_lo", 1e-6, True, "too low"), ("w_hi", -1e-6, True, "too high"),
+              ("w_lo", -1e-6, False, "too high"), ("w_hi", 1e-6, False, "too low")]  # fmt: skip
 
 
 # %%
@@ -426,23 +505,25 @@ def my_cancelling_interval(epsilon_low: float, epsilon_high: float) -> tuple[flo
 
 # %%
 with check("4.3"):
+    forbid(my_cancelling_interval, why="work the interval out from eq. (75)-(76)")
     interval = my_cancelling_interval(0.2, 0.28)
-    ensure(
-        isinstance(interval, (tuple, list)) and len(interval) == 2,
-        f"expected a pair (w_lo, w_hi), got {interval!r}",
-        kind="wrong type",
-    )
-    lo, hi = (float(w) for w in interval)
-    clip_higher = {"epsilon_low": 0.2, "epsilon_high": 0.28}
-    for name, w, inside, verdict in [
-        ("w_lo", lo + 1e-6, True, "too low"),
-        ("w_hi", hi - 1e-6, True, "too high"),
-        ("w_lo", lo - 1e-6, False, "too high"),
-        ("w_hi", hi + 1e-6, False, "too low"),
-    ]:
-        net = clip_asymmetry_net("grpo", w, **clip_higher)
-        ensure(
-            (net == 0.0) == inside,
-            f"{name} = {lo if name == 'w_lo' else hi:g} is {verdict}: at w = {w:.6f}, just "
-            f"{'inside' if inside else 'outside'} your interval, GRPO's net coefficient is {net:.6g}",
-        )
+    ensure(isinstance(interval, (tuple, list)) and len(interval) == 2, f"expected a pair (w_lo, w_hi), got {interval!r}", kind="wrong type")  # fmt: skip
+    edges = dict(zip(("w_lo", "w_hi"), (float(w) for w in interval), strict=True))
+    for name, offset, inside, verdict in probes_4_3:
+        net = clip_asymmetry_net("grpo", edges[name] + offset, epsilon_low=0.2, epsilon_high=0.28)
+        ensure((net == 0.0) == inside, f"{name} = {edges[name]:g} is {verdict}: at w = {edges[name] + offset:.6f}, just {'inside' if inside else 'outside'} your interval, GRPO's net coefficient is {net:.6g}")  # fmt: skip
+
+    def reference(epsilon_low, epsilon_high):  # bisect the edges of the set of w where Â = ±1's terms cancel
+        def cancels(w):  # a term min(wA, cA) keeps ∂/∂log π = w·A where it takes the wA branch
+            c = min(max(w, 1.0 - epsilon_low), 1.0 + epsilon_high)
+            return sum(a * w for a in (-1.0, 1.0) if a * w <= a * c) == 0.0
+
+        edges = []
+        for outside, inside in ((1e-12, 1.0), (10.0, 1.0)):
+            for _ in range(64):
+                mid = (outside + inside) / 2
+                outside, inside = (outside, mid) if cancels(mid) else (mid, inside)
+            edges.append(inside)
+        return tuple(edges)
+
+    expect_cases(my_cancelling_interval, reference, case_4_3, "(w_lo, w_hi)", compare=compare_4_3)

@@ -96,7 +96,7 @@ WRONG_ANSWERS: dict[str, list[tuple[str, str]]] = {
         (  # the library's one call, which the check switches off
             "def my_group_advantages(rewards, group, valid):\n"
             "    return group_advantages(rewards, group, valid=valid)\n",
-            "wrong approach — `group_advantages`",
+            "refused call — `my_group_advantages` uses `group_advantages` from the project's library",
         ),
         (  # one coefficient per completion instead of per token
             "def my_coefficients(adv, mask, aggregation):\n    return adv / mask.sum()\n",
@@ -123,7 +123,7 @@ WRONG_ANSWERS: dict[str, list[tuple[str, str]]] = {
             "    logp = torch.zeros_like(mask)\n"
             "    g = torch.zeros(len(adv), dtype=torch.long)\n"
             "    return token_coefficients('grpo', logp, logp, adv, mask, g, aggregation=aggregation)\n",
-            "wrong approach — `token_coefficients`",
+            "refused call — `my_coefficients` uses `token_coefficients` from the project's library",
         ),
         (  # every position, padding included
             "def my_event_nets(adv, keys, mask):\n"
@@ -204,27 +204,32 @@ WRONG_ANSWERS: dict[str, list[tuple[str, str]]] = {
     ],
     "03_equivalent_solutions_and_entropy_collapse": [
         (  # the product weight Π r, without the 1/|τ| of eq. (44)
-            "def my_sequence_weights(theta, length_norm):\n"
-            "    return (policy.traj_logp(theta) - policy.traj_logp(theta_old)).exp()\n",
+            "def my_sequence_weights(logp, old_logp, mask, length_norm):\n"
+            "    return ((logp - old_logp) * mask).sum(-1).exp()\n",
             "wrong value — GSPO's s_i at π_θ = {(): {'The': 0.3, '10': 0.7}}: this is Π_t r",
         ),
         (  # one root for all: the padded length
-            "def my_sequence_weights(theta, length_norm):\n"
-            "    log_ratio = policy.traj_logp(theta) - policy.traj_logp(theta_old)\n"
+            "def my_sequence_weights(logp, old_logp, mask, length_norm):\n"
+            "    log_ratio = ((logp - old_logp) * mask).sum(-1)\n"
             "    return (log_ratio / (mask.shape[1] if length_norm else 1)).exp()\n",
             "wrong value — GSPO's s_i at π_θ = {(): {'The': 0.3, '10': 0.7}}: every trajectory got the root 1/6",
         ),
         (  # the ratio upside down
-            "def my_sequence_weights(theta, length_norm):\n"
-            "    log_ratio = policy.traj_logp(theta_old) - policy.traj_logp(theta)\n"
-            "    return (log_ratio / (policy.lengths if length_norm else 1)).exp()\n",
+            "def my_sequence_weights(logp, old_logp, mask, length_norm):\n"
+            "    log_ratio = ((old_logp - logp) * mask).sum(-1)\n"
+            "    return (log_ratio / (mask.sum(-1) if length_norm else 1)).exp()\n",
             "wrong value — the weights Π_t r at π_θ",
         ),
-        (  # the library's token-level form, switched off during the check
-            "def my_sequence_weights(theta, length_norm):\n"
-            "    lp = policy.token_logp(theta, idx)\n"
-            "    return sequence_log_ratio(lp, old_logp, mask, length_norm=length_norm).exp()\n",
-            "wrong approach — `sequence_log_ratio`",
+        (  # the padding's values summed in: right on the toy, whose padding holds log π = 0
+            "def my_sequence_weights(logp, old_logp, mask, length_norm):\n"
+            "    log_ratio = (logp - old_logp).sum(-1)\n"
+            "    return (log_ratio / (mask.sum(-1) if length_norm else 1)).exp()\n",
+            "wrong value — the sequence weights s_i on random case",
+        ),
+        (  # the library's token-level form, refused before it runs
+            "def my_sequence_weights(logp, old_logp, mask, length_norm):\n"
+            "    return sequence_log_ratio(logp, old_logp, mask, length_norm=length_norm).exp()\n",
+            "refused call — `my_sequence_weights` uses `sequence_log_ratio` from the project's library",
         ),
         (  # log base 2
             "def my_equiv_entropy(log_odds):\n"
@@ -266,7 +271,7 @@ WRONG_ANSWERS: dict[str, list[tuple[str, str]]] = {
         (  # the library's one call, switched off during the check
             "def my_sign_aware_clip(r, adv, epsilon_low, epsilon_high):\n"
             "    return sign_aware_clip(r, adv, epsilon_low, epsilon_high)\n",
-            "wrong approach — `sign_aware_clip`",
+            "refused call — `my_sign_aware_clip` uses `sign_aware_clip` from the project's library",
         ),
         (  # s̄ = min(rA, cA) / A: NaN at A = 0
             "def my_sign_aware_clip(r, adv, epsilon_low, epsilon_high):\n"
@@ -302,7 +307,7 @@ WRONG_ANSWERS: dict[str, list[tuple[str, str]]] = {
             "    lp, one = r.log()[:, None], torch.ones(len(r), 1, dtype=r.dtype)\n"
             "    g = torch.arange(len(r))\n"
             "    return token_coefficients(objective, lp, 0 * lp, adv, one, g, aggregation='seq-mean-token-sum')[:, 0] * len(r)\n",
-            "wrong approach — `token_coefficients`",
+            "refused call — `my_token_coefficient` uses `token_coefficients` from the project's library",
         ),
         (  # ε_low and ε_high swapped
             "def my_cancelling_interval(epsilon_low, epsilon_high):\n"

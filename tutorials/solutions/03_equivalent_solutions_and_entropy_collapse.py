@@ -8,11 +8,15 @@ tutorial tests (`tests/tutorials`) run every notebook with these bodies put in i
 # ruff: noqa: F821
 
 
-def my_sequence_weights(theta: torch.Tensor, length_norm: bool) -> torch.Tensor:
-    """(3,) sequence weights at θ against θ_old: Π_t r (length_norm=False) or GSPO's (Π_t r)^(1/|τ|)."""
-    log_ratio = policy.traj_logp(theta) - policy.traj_logp(theta_old)  # log Π_t r_(i,t)
-    if length_norm:  # eq. (44): the |τ_i|-th root, each trajectory its own length
-        log_ratio = log_ratio / policy.lengths
+def my_sequence_weights(
+    logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, length_norm: bool
+) -> torch.Tensor:
+    """(B,) sequence weights: Π_t r over each row's real tokens (length_norm=False) or GSPO's (Π_t r)^(1/|τ|)."""
+    log_ratio = ((logp - old_logp) * mask).sum(
+        -1
+    )  # log Π_t r_(i,t) = log π_θ(τ_i)/π_old(τ_i), padding left out
+    if length_norm:  # eq. (44): the |τ_i|-th root, each row its own number of real tokens
+        log_ratio = log_ratio / mask.sum(-1)
     return log_ratio.exp()
 
 
