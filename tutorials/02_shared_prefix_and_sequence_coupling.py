@@ -283,7 +283,9 @@ ex21 = {
 # %%
 def case_2_1(gen):
     """Random ratios (ρ1, ρ2, λ1, λ2) in (0.2, 3) and an objective for the check, and what they are."""
-    kind = int(torch.randint(4, (), generator=gen))
+    # expect_cases seeds its case i with seed·1000 + i: the kinds (and the choice below) come in turn
+    i = gen.initial_seed() % 1000
+    kind, turn = i % 4, i // 4 % 2
     rho1, rho2, lam1, lam2 = (0.2 + 2.8 * torch.rand(4, generator=gen, dtype=f64)).tolist()
     if kind == 1:
         lam2 = lam1  # identical ratios on the last tokens too
@@ -291,7 +293,7 @@ def case_2_1(gen):
         rho1 = rho2 = 1.0  # the shared steps unmoved
     elif kind == 3:
         rho1, rho2, lam1, lam2 = 1.0, 1.0, 1.0, lam2  # only τ2's last token moved
-    objective = ("grpo", "seq")[int(torch.randint(2, (), generator=gen))]
+    objective = ("grpo", "seq")[turn]
     what = ["random ratios", "λ1 = λ2", "ρ1 = ρ2 = 1", "every ratio 1 but λ2"][kind]
     return (rho1, rho2, lam1, lam2, objective), f"{objective}, {what}: {(rho1, rho2, lam1, lam2)}"
 
@@ -357,7 +359,8 @@ ex22 = {
 # %%
 def case_2_2(gen):
     """A random group for the check: (adv, ρ1, ρ2, lam, length_norm) and what it holds."""
-    kind = int(torch.randint(4, (), generator=gen))
+    i = gen.initial_seed() % 1000
+    kind, turn = i % 4, i // 4 % 2
     g = 2 if kind == 0 else int(torch.randint(3, 7, (), generator=gen))
     adv = torch.randn(g, generator=gen, dtype=f64)
     adv = adv - adv.mean() if kind < 2 else adv
@@ -367,7 +370,7 @@ def case_2_2(gen):
     elif kind == 2:
         adv = torch.randint(2, (g,), generator=gen).to(f64)  # raw 0/1 rewards: Σ ≠ 0, zero rows
     rho1, rho2 = (0.3 + 1.7 * torch.rand(2, generator=gen, dtype=f64)).tolist()
-    length_norm = bool(torch.randint(2, (), generator=gen))
+    length_norm = bool(turn)
     what = ["a group of two", "equal λ_i", "raw 0/1 rewards (Σ ≠ 0)", "Σ Â ≠ 0"][kind]
     return (adv, rho1, rho2, lam, length_norm), f"length_norm={length_norm}, {what}, G = {g}"
 
