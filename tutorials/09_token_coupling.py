@@ -41,7 +41,15 @@
 import plotly.graph_objects as go
 import plotly.io as pio
 import torch
-from exercise_check import check, ensure, expect_close, reject, switched_off  # the exercises' checks
+from exercise_check import (
+    check,
+    ensure,
+    expect_cases,
+    expect_close,
+    expect_equal,
+    forbid,
+    reject,
+)  # the checks
 from IPython.display import Markdown, display
 from show import table  # aligned tables of the numbers the cells compute
 
@@ -193,8 +201,8 @@ first, actual = deltas[1.0]
 sign_adv = torch.sign(b.adv_tok)
 moved = movable & (b.adv_tok != 0)
 flipped = float((torch.sign(actual) != sign_adv)[moved].double().mean())
-size = float(first.coupling[movable].abs().mean() / first.self[movable].abs().mean())
-print(f"mean |coupling| / mean |self| = {size:.1f}")
+coupling_vs_self = float(first.coupling[movable].abs().mean() / first.self[movable].abs().mean())
+print(f"mean |coupling| / mean |self| = {coupling_vs_self:.1f}")
 print(f"tokens whose log π moved against their own advantage's sign: {flipped:.0%}")
 
 fig = go.Figure()
@@ -407,8 +415,8 @@ fig.show()
 # $$\mathrm{ME}_j = \log\pi_{\theta'}(y_j) - \log\pi_{\theta'_{-M_j}}(y_j),$$
 #
 # where $\theta'_{-M_j}$ is the same SGD step with the tokens of $M_j$ removed from the loss (their
-# coefficients set to 0). $\mathrm{ME}_j > 0$: the masked tokens boosted $j$. To first order (eq. 5)
-# $\mathrm{ME}_j \approx \mathrm{lr}\sum_{k\in M_j} c_k K_{jk}$. Table 1 reports the **Boost Rate** (the
+# coefficients set to 0). $\mathrm{ME}_j > 0$: the masked tokens boosted $j$. To first order, eq. 5
+# gives $\mathrm{ME}_j$ from the kernel too (Exercise 9.2 asks how). Table 1 reports the **Boost Rate** (the
 # fraction of candidates with $\mathrm{ME}_j > 0$) and the **Mean Boost** for four sets: random tokens,
 # the same token, low-confidence tokens, and tokens meeting both conditions, once for a step on the
 # unembedding alone ("LM-head") and once on all parameters ("Full").
@@ -550,79 +558,125 @@ table(rows, digits=2)
 #
 # Write the body of each `my_*` function (until you do, it raises `NotImplementedError`), run its
 # cell, then run the check cell below it: it prints ✓ or says what is missing or wrong. A worked
-# solution is in `tutorials/solutions/09_token_coupling.py`; try first.
-#
-# **Exercise 9.1 — the output overlap.** Write `my_output_overlap(probs, tokens)` returning the
-# $(N, N)$ matrix $D_{jk} = \mathbb 1[y_j = y_k] - \pi_j(y_k) - \pi_k(y_j) + \langle\pi_j,\pi_k\rangle$ of
-# eq. 8 by this expansion. `probs` is $(N, V)$, row $j$ = $\pi_j$; `tokens` is $(N,)$ integer ids.
-# *Hint:* `probs[:, tokens]` is the matrix of $\pi_j(y_k)$. The check works a small case by hand, then
-# compares with the batch's `D` of section 3; `output_overlap` and `proxy_kernel` are switched off
-# during it.
+# solution is in `tutorials/solutions/09_token_coupling.py`; try first. Each check works a small case
+# by hand, then compares your function with its own computation on 20 random batches (a new seed each
+# run; a failure prints it), built as Gram matrices of random score vectors, with forced tokens
+# ($g_j = 0$), tokens with $c_j = 0$ and repeated tokens among them. An answer that calls the
+# project's library (`first_order_delta`, `sgd_step`, ...) or reads the notebook's variables is
+# refused: everything comes in as arguments.
 
 
 # %%
-def my_output_overlap(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """(N, N) D_jk = 1[y_j = y_k] − π_j(y_k) − π_k(y_j) + ⟨π_j, π_k⟩ (eq. 8)."""
+def coupling_case(gen: torch.Generator) -> tuple[tuple, str]:
+    """A random batch for the checks: ((K, c), what it holds); K = G Gᵀ of N random score vectors G."""
+    kind = ("a pair", "forced tokens", "c = 0 rows", "repeated tokens", "one sign of c")[
+        gen.initial_seed() % 5
+    ]
+    n = 2 if kind == "a pair" else int(torch.randint(3, 9, (1,), generator=gen))
+    g = torch.randn(n, int(torch.randint(2, 6, (1,), generator=gen)), generator=gen, dtype=f64)
+    c = torch.randn(n, generator=gen, dtype=f64) / n
+    if kind == "forced tokens":
+        forced = torch.randperm(n, generator=gen)[: n // 2]
+        g[forced], c[forced[0]] = 0.0, 0.0  # one of them also with c = 0
+    if kind == "c = 0 rows":
+        c[torch.randperm(n, generator=gen)[: n // 2]] = 0.0
+    if kind == "repeated tokens":
+        g[1:] = g[torch.randint(0, 2, (n - 1,), generator=gen)]  # copies of the first two tokens' scores
+    if kind == "one sign of c":
+        c = c.abs()
+    return (g @ g.T, c), f"{kind}, N = {n}"
+
+
+# %% [markdown]
+# **Exercise 9.1 — predict the flips.** Without taking a step, say which tokens one small SGD step
+# (any lr > 0) moves **against their own advantage**: write `my_predicted_flips(kernel, coef)`
+# returning an $(N,)$ bool tensor, True for token $j$ when eq. 5's first-order $\Delta_j$ has the
+# opposite sign to $c_j$ (the sign of its advantage). A token with $c_j = 0$ has no direction of its
+# own, and a token whose $\Delta_j$ is exactly 0 did not move: neither has flipped. Section 2's figure
+# counted these tokens after the actual step.
+
+
+# %%
+def my_predicted_flips(kernel: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
+    """(N,) bool: the first-order Δ log π of token j has the opposite sign to c_j (c_j ≠ 0, Δ_j ≠ 0)."""
     raise NotImplementedError("Exercise 9.1: replace this line with your code")
 
 
 # %%
 with check("9.1"):
-    ex_probs = torch.tensor([[0.5, 0.3, 0.2], [0.2, 0.6, 0.2], [0.1, 0.1, 0.8]], dtype=f64)
-    ex_tokens = torch.tensor([1, 1, 2])  # tokens 0 and 1 are the same id, at confidence 0.3 and 0.6
-    with switched_off(globals(), "output_overlap", "proxy_kernel"):
-        got = my_output_overlap(ex_probs, ex_tokens)
-        got_batch = my_output_overlap(b.probs, b.tokens)
-    # by hand: ⟨π_j, π_k⟩ = [[.38, .32, .24], [.32, .44, .24], [.24, .24, .66]];
-    # D_01 = 1 − π_0(1) − π_1(1) + .32 = 1 − .3 − .6 + .32, D_02 = 0 − π_0(2) − π_2(1) + .24 = −.2 − .1 + .24
-    by_hand = torch.tensor([[0.78, 0.42, -0.06], [0.42, 0.24, -0.06], [-0.06, -0.06, 0.06]], dtype=f64)
-    no_pp = torch.tensor([[0.4, 0.1, -0.3], [0.1, -0.2, -0.3], [-0.3, -0.3, -0.6]], dtype=f64)
-    cross_twice = torch.tensor([[0.78, 0.72, -0.16], [0.12, 0.24, -0.16], [0.04, 0.04, 0.06]], dtype=f64)
-    what = "D for 3 tokens y = (1, 1, 2)"
-    reject(
-        got,
-        no_pp,
-        f"{what}: the ⟨π_j, π_k⟩ term is missing (⟨e_{{y_j}} − π_j, e_{{y_k}} − π_k⟩ has four terms)",
-    )
-    reject(got, cross_twice, f"{what}: both cross terms are π_j(y_k); the second is π_k(y_j), the transpose (D is symmetric)")  # fmt: skip
-    expect_close(got, by_hand, what)
-    expect_close(got_batch, D, "D", at="on the batch")
+    forbid(my_predicted_flips, ("backward", "autograd", "getattr"), why="predict from K and c")
+    ex_k = torch.tensor([[1.0, 0.8, 0.0, 0.5, 0.0], [0.8, 1.0, 0.1, 0.0, 0.0], [0.0, 0.1, 0.5, 0.0, 0.0],
+                         [0.5, 0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0]], dtype=f64)  # fmt: skip
+    ex_c = torch.tensor([0.1, -0.3, 0.2, 0.0, 0.4], dtype=f64)  # token 3: c = 0; token 4: forced (K row 0)
+    got = my_predicted_flips(ex_k, ex_c)  # Δ/lr = (−0.14, −0.2, 0.07, 0.05, 0): only token 0 flips
+    what = "the flips of 5 tokens with Δ/lr = (−0.14, −0.2, 0.07, 0.05, 0), c = (0.1, −0.3, 0.2, 0, 0.4)"
+    ensure(isinstance(got, torch.Tensor) and got.dtype == torch.bool, f"expected a bool tensor, got {got!r}", "wrong type")  # fmt: skip
+    reject(got.double(), torch.zeros(5), f"{what}: no flip predicted; the self-term alone never flips a token, the others' terms do")  # fmt: skip
+    reject(got.double(), torch.tensor([1.0, 1, 1, 0, 0]), f"{what}: token 1 moves with its advantage (Δ < 0, c < 0): Δ_j includes the self-term c_j·K_jj")  # fmt: skip
+    reject(got.double(), torch.tensor([1.0, 0, 0, 1, 1]), f"{what}: tokens 3 (c = 0) and 4 (Δ = 0, forced) have not flipped")  # fmt: skip
+    expect_equal(got.tolist(), [True, False, False, False, False], what)
 
-# %% [markdown]
-# **Exercise 9.2 — the first-order split.** Write `my_first_order_delta(kernel, coef, lr)` returning
-# the pair `(self, coupling)` of eq. 5: the $(N,)$ self-terms $\mathrm{lr}\,c_j K_{jj}$ and the $(N,)$
-# coupling terms $\mathrm{lr}\sum_{k \ne j} c_k K_{jk}$. The check compares with `first_order_delta`
-# (computed before it is switched off) for the full kernel and the proxy at two step sizes.
+    def reference(k, c):  # Δ_j = Σ_k c_k K_jk (lr > 0 does not change a sign), against the sign of c_j
+        c = c.tolist()
+        delta = [sum(c[m] * float(k[j, m]) for m in range(len(c))) for j in range(len(c))]
+        return [c[j] != 0 and d != 0 and (d > 0) != (c[j] > 0) for j, d in enumerate(delta)]
+
+    def compare(got, expected, what, at):
+        expect_equal([bool(x) for x in got], expected, what, at=at)
+
+    expect_cases(my_predicted_flips, reference, coupling_case, "the predicted flips", compare=compare)
 
 
 # %%
-def my_first_order_delta(
-    kernel: torch.Tensor, coef: torch.Tensor, lr: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(self, coupling), each (N,): lr·c_j·K_jj and lr·Σ_{k≠j} c_k·K_jk (eq. 5)."""
+def masking_case(gen: torch.Generator) -> tuple[tuple, str]:
+    """A random batch (`coupling_case`), a step size and a random mask M_j per token (empty, full or random)."""
+    (k, c), label = coupling_case(gen)
+    n = len(c)
+    masked = torch.rand(n, n, generator=gen) < float(torch.rand(1, generator=gen))
+    masked[0], masked[-1] = False, True  # an empty mask and one of every other token
+    masked.fill_diagonal_(False)
+    lr = float(0.1 + 2 * torch.rand(1, generator=gen))
+    return (k, c, lr, masked), f"{label}, lr = {lr:.3g}, masks of sizes {masked.sum(1).tolist()}"
+
+
+# %% [markdown]
+# **Exercise 9.2 — the Masking Effect to first order.** Section 5 defines
+# $\mathrm{ME}_j = \log\pi_{\theta'}(y_j) - \log\pi_{\theta'_{-M_j}}(y_j)$: the SGD step with every
+# token minus the same step with the tokens of $M_j$ removed from the loss. Write
+# `my_masking_effect(kernel, coef, lr, masked)` returning the $(N,)$ first-order $\mathrm{ME}_j$ of
+# every token from eq. 5, where `masked` is an $(N, N)$ bool tensor whose **row** $j$ marks $M_j$
+# (never $j$ itself). Work it out from the two steps' first-order $\Delta_j$. An empty $M_j$ has
+# $\mathrm{ME}_j = 0$.
+
+
+# %%
+def my_masking_effect(
+    kernel: torch.Tensor, coef: torch.Tensor, lr: float, masked: torch.Tensor
+) -> torch.Tensor:
+    """(N,) first-order ME_j = Δ_j(all tokens) − Δ_j(the tokens of M_j removed), M_j = row j of `masked`."""
     raise NotImplementedError("Exercise 9.2: replace this line with your code")
 
 
 # %%
 with check("9.2"):
-    for kernel, name, lr in ((k_full, "the full kernel", 0.3), (k_proxy, "the proxy kernel", 2.0)):
-        expected = first_order_delta(kernel, b.coef, lr)
-        with switched_off(globals(), "first_order_delta"):
-            got = my_first_order_delta(kernel, b.coef, lr)
-        ensure(got is not None, "your function returned None (did it forget to `return`?)", "wrong type")
-        ensure(
-            isinstance(got, (tuple, list)) and len(got) == 2,
-            f"expected a pair (self, coupling), got {type(got).__name__}"
-            + (f" of length {len(got)}" if isinstance(got, (tuple, list)) else ""),
-            "wrong type",
-        )
-        where = f"with {name}, lr = {lr}"
-        reject(
-            got[0],
-            expected.coupling,
-            f"{where}: you returned (coupling, self); the order is (self, coupling)",
-        )
-        reject(got[0], expected.self / lr, f"the self-term {where}: the step size lr is missing")
-        reject(got[1], expected.total, f"the coupling term {where}: it includes k = j (the self-term); the coupling sums over the other tokens only")  # fmt: skip
-        expect_close(got[0], expected.self, "the self-term lr·c_j·K_jj", at=where)
-        expect_close(got[1], expected.coupling, "the coupling term lr·Σ_{k≠j} c_k·K_jk", at=where)
+    forbid(my_masking_effect, ("backward", "autograd", "getattr"), why="write it from eq. 5")
+    ex_k = torch.tensor([[1.0, 0.8, 0.0], [0.8, 1.0, 0.1], [0.0, 0.1, 0.5]], dtype=f64)
+    ex_c = torch.tensor([0.1, -0.3, 0.2], dtype=f64)
+    ex_m = torch.tensor([[False, True, False], [True, False, True], [False, False, False]])
+    got = my_masking_effect(ex_k, ex_c, 0.5, ex_m)  # M_0 = {1}, M_1 = {0, 2}, M_2 = {}
+    # ME_0 = 0.5·(−0.3·0.8) = −0.12, ME_1 = 0.5·(0.1·0.8 + 0.2·0.1) = 0.05, ME_2 = 0
+    what = "ME of 3 tokens (lr = 0.5, M_0 = {1}, M_1 = {0, 2}, M_2 = {})"
+    reject(got, torch.tensor([0.12, -0.05, 0.0]), f"{what}: the opposite sign; ME is the full step minus the masked one")  # fmt: skip
+    reject(got, torch.tensor([0.0, 0.0, -0.015]), f"{what}: you summed over the tokens left in the loss; the masked ones are what the two steps differ by")  # fmt: skip
+    reject(got, torch.tensor([-0.12, 0.04, -0.015]), f"{what}: you read M_j from column j of `masked`; it is row j")  # fmt: skip
+    reject(got, torch.tensor([-0.24, 0.1, 0.0]), f"{what}: the step size lr is missing")
+    expect_close(got, torch.tensor([-0.12, 0.05, 0.0], dtype=f64), what)
+
+    def reference(k, c, lr, masked):  # Δ_j of the full step minus Δ_j of the step without M_j, plain loops
+        n = len(c)
+        delta = lambda j, keep: lr * sum(float(c[m] * k[j, m]) for m in range(n) if keep[m])  # noqa: E731
+        return torch.tensor([delta(j, [True] * n) - delta(j, [not x for x in masked[j].tolist()]) for j in range(n)], dtype=f64)  # fmt: skip
+
+    expect_cases(
+        my_masking_effect, reference, masking_case, "the first-order Masking Effect", atol=1e-12, rtol=1e-9
+    )

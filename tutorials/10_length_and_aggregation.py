@@ -413,7 +413,9 @@ def my_shared_net(adv: torch.Tensor, lengths: torch.Tensor, aggregation: str) ->
 
 # %%
 with check("10.1"):
-    forbid(my_shared_net, ("backward", "autograd"), why="write the net from the aggregation's weights")
+    forbid(
+        my_shared_net, ("backward", "autograd", "getattr"), why="write the net from the aggregation's weights"
+    )
     slips = {0.25: "token-mean divides by N = Σ|y_i| = 6 tokens, not by G = 2", 0.5: "token-mean divides Σ Â "
              "by N = Σ|y_i| = 6 tokens", 0.0: "Σ Â_i = 0.5 here: the net is Σ Â / N, 0 only when Σ Â = 0"}  # fmt: skip
     for a, n, agg, expected in SHARED_NET_BY_HAND:
@@ -429,6 +431,16 @@ with check("10.1"):
         return sum(a * w(y) for a, y in zip(adv.tolist(), lengths.tolist(), strict=True))
 
     expect_cases(my_shared_net, reference, shared_net_case, "the net coefficient", compare=close_number)
+
+# %%
+COMBINATIONS = [(o, a, n) for o in ("grpo", "dfpo") for a in AGGREGATIONS for n in (True, False)]
+
+
+def combination_case(gen: torch.Generator) -> tuple[tuple, str]:
+    """Case i of the check of 10.2: combination i % 16 (every one of them in 20 cases)."""
+    obj, agg, ln = COMBINATIONS[gen.initial_seed() % 1000 % len(COMBINATIONS)]
+    return (obj, agg, ln), f"objective={obj!r}, aggregation={agg!r}, length_norm={ln}"
+
 
 # %% [markdown]
 # **Exercise 10.2 — which combinations cancel for any lengths?** Write
@@ -450,15 +462,27 @@ def my_cancels_any_length(objective: str, aggregation: str, length_norm: bool) -
 
 # %%
 with check("10.2"):
-    forbid(my_cancels_any_length, ("backward", "autograd"), why="reason from each token's coefficient")
+    forbid(
+        my_cancels_any_length, ("backward", "autograd", "getattr"), why="reason from each token's coefficient"
+    )
     # a token of completion i gets (GRPO) Â_i·w_i or (DFPO) s̃_i·Â_i·d_i·|y_i|·w_i, with the aggregation's
     # weight w_i (1/N, 1/(G|y_i|), 1/G, 1/(G·C)) and d_i = ∂log s_i/∂logp = 1/|y_i| (length_norm) or 1;
     # Σ Â_i = Σ s̃_i·Â_i = 0, so it cancels for any lengths iff that factor does not depend on |y_i|
-    w = {"token-mean": 0, "seq-mean-token-mean": -1, "seq-mean-token-sum": 0, "seq-mean-token-sum-norm": 0}
-    for obj in ("grpo", "dfpo"):
-        for agg, power in w.items():  # the power of |y_i| in the factor
-            for ln in (True, False):
-                expected = power + (obj == "dfpo" and not ln) == 0
-                expect_equal(my_cancels_any_length(obj, agg, ln), expected, "cancels for any lengths",
-                             at=f"at objective={obj!r}, aggregation={agg!r}, length_norm={ln}"
-                             + (" (GRPO has no sequence ratio: length_norm changes nothing)" if obj == "grpo" and not ln else ""))  # fmt: skip
+    power = {
+        "token-mean": 0,
+        "seq-mean-token-mean": -1,
+        "seq-mean-token-sum": 0,
+        "seq-mean-token-sum-norm": 0,
+    }
+
+    def reference(obj, agg, ln):  # the power of |y_i| in the factor is 0
+        return power[agg] + (obj == "dfpo" and not ln) == 0
+
+    for obj, agg, ln in COMBINATIONS:
+        expected = reference(obj, agg, ln)
+        expect_equal(my_cancels_any_length(obj, agg, ln), expected, "cancels for any lengths",
+                     at=f"at objective={obj!r}, aggregation={agg!r}, length_norm={ln}"
+                     + (" (GRPO has no sequence ratio: length_norm changes nothing)" if obj == "grpo" and not ln else ""))  # fmt: skip
+    expect_cases(
+        my_cancels_any_length, reference, combination_case, "cancels for any lengths", compare=expect_equal
+    )

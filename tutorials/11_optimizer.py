@@ -37,11 +37,11 @@
 # `toymodel`; the optimisers are `torch.optim`'s, as in `toymodel.simulate`.
 
 # %%
-import math  # noqa: F401 (the exercises)
+import math
 
 import plotly.io as pio
 import torch
-from exercise_check import check, expect_close, number  # the exercises' check cells
+from exercise_check import check, expect_cases, expect_close, forbid, number, reject  # the checks
 from show import table
 
 from app.figures import ARM_COLORS, curve_figure  # one colour per arm (as in every tutorial); seed curves
@@ -139,9 +139,9 @@ table(rows)
 #   it; **Adam moves it by 0.67 lr**, two thirds of a full step: $\hat m$ remembers step 1.
 #   Exercise 11.1 derives the 0.67.
 # * **Step 1 under Adam**: position 1's gradient is a quarter of the deciding token's (position 5),
-#   yet both move by lr: Adam's first step is $\text{lr}\cdot g/(|g|+\epsilon)$ per logit, the sign
-#   descent of the cancellation-hypothesis paper's App. D.3 (Exercise 11.2). Under SGD they move in
-#   proportion to their gradients.
+#   yet both move by lr: Adam's first step is $\Delta z = -\text{lr}\cdot g/(|g|+\epsilon)$ per logit
+#   ($\hat m = g$ and $\hat v = g^2$ after one step), the sign descent of the cancellation-hypothesis
+#   paper's App. D.3. Under SGD they move in proportion to their gradients.
 #
 # ## 2. A residual is not a small step
 #
@@ -287,22 +287,37 @@ for kind in LR:
 #   SGD **on purpose** (App. D.3): Adam's first step is sign descent and would wash out the per-token
 #   magnitudes it measures. Its instruments measure the gradient; its training runs use Adam(W). On the
 #   toy the two settings differ several-fold in learning tax at equal speed (section 3).
-# * What the tabular toy exaggerates: each context has its own logits, so Adam normalises each
-#   context separately. In a language model a parameter's $\hat v$ mixes the gradients of every token
-#   that uses it, so a rare context's residual is normalised by everyone's gradients, not only its
-#   own; the sign-descent amplification is weaker there, the momentum effect is not.
+# * What this tutorial does not measure: each context of the tabular toy has its own logits, so Adam
+#   normalises each context separately. In a language model a parameter's $\hat v$ mixes the
+#   gradients of every token that uses it; how much that weakens or keeps the two effects above is a
+#   question for a model with shared weights, not answered here.
 #
 # ## Exercises
 #
 # Write the body of each `my_*` function (until you do, it raises `NotImplementedError`), run its
 # cell, then run the check cell below it: it prints ✓ or says what is missing or wrong. A worked
-# solution is in `tutorials/solutions/11_optimizer.py`; try first.
-#
+# solution is in `tutorials/solutions/11_optimizer.py`; try first. Each check works a case by hand,
+# then compares your function with its own computation on 20 random cases (a new seed each run; a
+# failure prints it). Write the optimiser's arithmetic yourself: an answer that uses `torch.optim`,
+# autograd or the project's library is refused.
+
+
+# %%
+def coast_case(gen: torch.Generator) -> tuple[tuple, str]:
+    """One random case of 11.1: torch's betas, a low β1, a low β2, both low; k from 1 to 40."""
+    kind = gen.initial_seed() % 4
+    b1 = 0.9 if kind in (0, 2) else float(0.3 + 0.65 * torch.rand(1, generator=gen))
+    b2 = 0.999 if kind in (0, 1) else float(0.5 + 0.49 * torch.rand(1, generator=gen))
+    k = int(torch.randint(1, 41, (1,), generator=gen))
+    return (b1, b2, k), f"β = ({b1:.4g}, {b2:.4g}), k = {k}"
+
+
+# %% [markdown]
 # **Exercise 11.1 — Adam's coast.** One logit gets a gradient $g \neq 0$ ($|g| \gg \epsilon$) at its
 # first Adam step and exactly 0 at every step after. Write `my_adam_coast(beta1, beta2, k)` returning
 # $|\Delta\theta|/\text{lr}$ of the step $k$ steps later (ignore ε). It does not depend on $|g|$. The
-# check compares with numbers worked out by hand for torch's defaults β = (0.9, 0.999); $k = 1$ is
-# section 1's 0.67.
+# check works torch's defaults β = (0.9, 0.999) by hand ($k = 1$ is section 1's 0.67), then other
+# betas.
 
 
 # %%
@@ -313,29 +328,96 @@ def my_adam_coast(beta1: float, beta2: float, k: int) -> float:
 
 # %%
 with check("11.1"):
+    forbid(my_adam_coast, ("optim", "autograd", "backward", "getattr"), why="write Adam's moments yourself")
     by_hand = {1: 0.670058, 2: 0.517957, 5: 0.309077, 20: 0.0628728}  # m̂_k/√v̂_k, worked out by hand
     for k, expected in by_hand.items():
         got = number(my_adam_coast(0.9, 0.999, k), "the step")
         expect_close(got, expected, "Adam's step (in units of lr) k steps after the last non-zero gradient",
                      at=f"at k = {k}", rtol=1e-5)  # fmt: skip
 
-# %% [markdown]
-# **Exercise 11.2 — Adam's first step.** Write `my_first_adam_step(grad, lr, eps)` returning the
-# update Δθ (a tensor like `grad`) of the first step of `torch.optim.Adam` (β = (0.9, 0.999)) on a
-# parameter whose gradient is `grad`. The check uses a deciding-token-sized gradient, a residual of
-# 1e-3, an exact 0 and a residual of 1e-9, with lr = 0.1 and ε = 1e-8, against values worked out by
-# hand.
+    def reference(b1, b2, k):  # Adam's moments step by step: g = 1 at step 1, then k zeros
+        m = v = 0.0
+        for g in [1.0] + [0.0] * k:
+            m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
+        return m / (1 - b1 ** (k + 1)) / math.sqrt(v / (1 - b2 ** (k + 1)))
+
+    def compare(got, expected, what, at):
+        expect_close(number(got, what), expected, what, at=at, atol=1e-12, rtol=1e-5)
+
+    expect_cases(my_adam_coast, reference, coast_case, "Adam's coasting step / lr", compare=compare)
 
 
 # %%
-def my_first_adam_step(grad: torch.Tensor, lr: float, eps: float) -> torch.Tensor:
-    """Δθ of torch.optim.Adam's first step (bias-corrected moments) for the gradient `grad`."""
+def adamw_case(gen: torch.Generator) -> tuple[tuple, str]:
+    """One random case of 11.2: P = 4 parameters over 2 to 8 steps, of one of five kinds."""
+    kind = ("random", "one gradient then 0", "never a gradient", "below ε", "no decay")[
+        gen.initial_seed() % 5
+    ]
+    steps = int(torch.randint(2, 9, (1,), generator=gen))
+    theta = torch.randn(4, generator=gen, dtype=torch.float64)
+    grads = torch.randn(steps, 4, generator=gen, dtype=torch.float64)
+    grads[:, 0] = 0.0  # a parameter that never gets a gradient
+    grads[1:] *= kind != "one gradient then 0"
+    grads *= (kind != "never a gradient") * (1e-9 if kind == "below ε" else 1.0)
+    b1, b2 = (
+        float(0.5 + 0.45 * torch.rand(1, generator=gen)),
+        float(0.8 + 0.199 * torch.rand(1, generator=gen)),
+    )
+    lr, eps = (
+        float(0.01 + 0.2 * torch.rand(1, generator=gen)),
+        10.0 ** -int(torch.randint(6, 9, (1,), generator=gen)),
+    )
+    wd = 0.0 if kind == "no decay" else float(0.5 * torch.rand(1, generator=gen))
+    label = f"{kind}, {steps} steps, lr = {lr:.3g}, β = ({b1:.3g}, {b2:.4g}), ε = {eps:.0e}, λ = {wd:.3g}"
+    return (theta, grads, lr, (b1, b2), eps, wd), label
+
+
+# %% [markdown]
+# **Exercise 11.2 — where a cancelled parameter ends up under AdamW.** Language models are trained with
+# AdamW, which adds *decoupled* weight decay λ to Adam: at every step it first multiplies each
+# parameter by $(1 - \text{lr}\,\lambda)$, then takes Adam's step (the moments see the gradient only,
+# not the decay). Write `my_adamw(theta, grads, lr, betas, eps, weight_decay)` returning the parameters
+# (a tensor like `theta`) after one step per row of `grads` (shape (steps, P): row $t$ is step $t$'s
+# gradient), as `torch.optim.AdamW` would leave them. Think of a logit whose gradient cancels after
+# its first step: it still moves, by the coast of 11.1 and by the decay, and one whose gradient is 0
+# at every step only decays. The check works two steps by hand, then compares with its own run on
+# random cases (other betas, no decay, gradients that vanish or stay 0, gradients below ε).
+
+
+# %%
+def my_adamw(
+    theta: torch.Tensor,
+    grads: torch.Tensor,
+    lr: float,
+    betas: tuple[float, float],
+    eps: float,
+    weight_decay: float,
+) -> torch.Tensor:
+    """θ after len(grads) steps of AdamW (bias-corrected moments, decoupled weight decay) from `theta`."""
     raise NotImplementedError("Exercise 11.2: replace this line with your code")
 
 
 # %%
 with check("11.2"):
-    grad = torch.tensor([1e-3, -2.0, 0.0, 1e-9], dtype=torch.float64)
-    # −lr·g/(|g| + ε): −0.1·1e-3/(1e-3 + 1e-8), +0.1·2/(2 + 1e-8), 0, −0.1·1e-9/(1e-9 + 1e-8) = −0.1/11
-    by_hand = torch.tensor([-0.099999000010, 0.0999999995, 0.0, -0.0090909090909], dtype=torch.float64)
-    expect_close(my_first_adam_step(grad, 0.1, 1e-8), by_hand, "Adam's first update Δθ")
+    forbid(my_adamw, ("optim", "autograd", "backward", "getattr"), why="write AdamW's step yourself")
+    theta = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
+    grads = torch.tensor([[1e-3, 0.0, 0.3], [0.0, 0.0, 0.0]], dtype=torch.float64)
+    got = my_adamw(theta, grads, 0.1, (0.9, 0.999), 1e-8, 0.1)
+    # step 1: θ·0.99 = (0.99, −1.98, 0.495), then −0.1·g/(|g| + ε) = (−0.099999, 0, −0.1);
+    # step 2: θ·0.99, then −0.1·m̂/(√v̂ + ε) with m̂/√v̂ = 0.670058·sign(g) (11.1's coast; ε counts at 1e-3)
+    by_hand = torch.tensor([0.814096112, -1.9602, 0.324044181], dtype=torch.float64)
+    what = "θ after two AdamW steps (lr 0.1, λ 0.1)"
+    reject(got, torch.tensor([0.800465203, -1.800166496, 0.324974365]), f"{what}: the decay went into the gradient (Adam's L2 weight_decay); AdamW's is decoupled: θ·(1 − lr·λ), the moments see g only")  # fmt: skip
+    reject(got, torch.tensor([0.815756151, -1.9602, 0.325704239]), f"{what}: the decay came after Adam's step; AdamW multiplies θ by (1 − lr·λ) first")  # fmt: skip
+    reject(got, torch.tensor([0.382476143, -1.9602, -0.107762257]), f"{what}: m and v are not bias-corrected (divide by 1 − β^t, t the step from 1)")  # fmt: skip
+    expect_close(got, by_hand, what, rtol=1e-8)
+
+    def reference(theta, grads, lr, betas, eps, weight_decay):  # torch's AdamW, one step per row
+        p = theta.clone().requires_grad_(True)
+        opt = torch.optim.AdamW([p], lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        for g in grads:
+            p.grad = g.clone()
+            opt.step()
+        return p.detach()
+
+    expect_cases(my_adamw, reference, adamw_case, "θ after AdamW's steps", rtol=1e-9, atol=1e-12)

@@ -556,48 +556,42 @@ WRONG_ANSWERS: dict[str, list[tuple[str, str]]] = {
         ),
     ],
     "09_token_coupling": [
-        (  # eq. (8) without its last term ⟨π_j, π_k⟩
-            "def my_output_overlap(probs, tokens):\n"
-            "    same = (tokens[:, None] == tokens[None, :]).to(probs.dtype)\n"
-            "    cross = probs[:, tokens]\n"
-            "    return same - cross - cross.T\n",
-            "wrong value — D for 3 tokens y = (1, 1, 2): the ⟨π_j, π_k⟩ term is missing",
+        (  # the self-term alone: a token always moves with its advantage
+            "def my_predicted_flips(kernel, coef):\n    return (coef * torch.diagonal(kernel) * coef) < 0\n",
+            "wrong value — the flips of 5 tokens with Δ/lr = (−0.14, −0.2, 0.07, 0.05, 0), c = (0.1, −0.3, 0.2, 0, 0.4): no flip predicted",
         ),
-        (  # π_j(y_k) for both cross terms: not symmetric
-            "def my_output_overlap(probs, tokens):\n"
-            "    same = (tokens[:, None] == tokens[None, :]).to(probs.dtype)\n"
-            "    return same - 2 * probs[:, tokens] + probs @ probs.T\n",
-            "wrong value — D for 3 tokens y = (1, 1, 2): both cross terms are π_j(y_k)",
+        (  # the coupling term alone, without the token's own push
+            "def my_predicted_flips(kernel, coef):\n"
+            "    delta = kernel @ coef - torch.diagonal(kernel) * coef\n"
+            "    return (delta * coef) < 0\n",
+            "wrong value — the flips of 5 tokens with Δ/lr = (−0.14, −0.2, 0.07, 0.05, 0), c = (0.1, −0.3, 0.2, 0, 0.4): token 1 moves with its advantage",
         ),
-        (  # the coupling term keeps k = j
-            "def my_first_order_delta(kernel, coef, lr):\n"
-            "    return lr * coef * torch.diagonal(kernel), lr * (kernel @ coef)\n",
-            "wrong value — the coupling term with the full kernel, lr = 0.3: it includes k = j",
+        (  # sign(Δ) ≠ sign(c): a token with c = 0 or Δ = 0 counted as flipped
+            "def my_predicted_flips(kernel, coef):\n"
+            "    return torch.sign(kernel @ coef) != torch.sign(coef)\n",
+            "wrong value — the flips of 5 tokens with Δ/lr = (−0.14, −0.2, 0.07, 0.05, 0), c = (0.1, −0.3, 0.2, 0, 0.4): tokens 3 (c = 0) and 4 (Δ = 0, forced) have not flipped",
         ),
-        (  # lr forgotten
-            "def my_first_order_delta(kernel, coef, lr):\n"
-            "    s = coef * torch.diagonal(kernel)\n"
-            "    return s, kernel @ coef - s\n",
-            "wrong value — the self-term with the full kernel, lr = 0.3: the step size lr is missing",
-        ),
-        (  # (coupling, self) instead of (self, coupling)
-            "def my_first_order_delta(kernel, coef, lr):\n"
-            "    s = lr * coef * torch.diagonal(kernel)\n"
-            "    return lr * (kernel @ coef) - s, s\n",
-            "wrong value — with the full kernel, lr = 0.3: you returned (coupling, self)",
-        ),
-        (  # the library function through its module, not the notebook's name
-            "def my_output_overlap(probs, tokens):\n"
+        (  # the library's step, through its module
+            "def my_predicted_flips(kernel, coef):\n"
             "    import cancellation.coupling as cc\n"
-            "    return cc.output_overlap(probs, tokens)\n",
-            "wrong approach — `output_overlap` hands the answer over in one call",
+            "    return (cc.first_order_delta(kernel, coef, 1.0).total * coef) < 0\n",
+            "refused call — `my_predicted_flips` imports cancellation.coupling",
         ),
-        (  # the library function under another name
-            "def my_first_order_delta(kernel, coef, lr):\n"
-            "    from cancellation.coupling import first_order_delta as fod\n"
-            "    f = fod(kernel, coef, lr)\n"
-            "    return f.self, f.coupling\n",
-            "wrong approach — `first_order_delta` hands the answer over in one call",
+        (  # the sum over the tokens left in the loss
+            "def my_masking_effect(kernel, coef, lr, masked):\n"
+            "    keep = (~masked).to(kernel.dtype).fill_diagonal_(0.0)\n"
+            "    return lr * (kernel * keep * coef).sum(-1)\n",
+            "wrong value — ME of 3 tokens (lr = 0.5, M_0 = {1}, M_1 = {0, 2}, M_2 = {}): you summed over the tokens left in the loss",
+        ),
+        (  # M_j read from column j
+            "def my_masking_effect(kernel, coef, lr, masked):\n"
+            "    return lr * (kernel * masked.T.to(kernel.dtype) * coef).sum(-1)\n",
+            "wrong value — ME of 3 tokens (lr = 0.5, M_0 = {1}, M_1 = {0, 2}, M_2 = {}): you read M_j from column j",
+        ),
+        (  # the masked step minus the full one
+            "def my_masking_effect(kernel, coef, lr, masked):\n"
+            "    return -lr * (kernel * masked.to(kernel.dtype) * coef).sum(-1)\n",
+            "wrong value — ME of 3 tokens (lr = 0.5, M_0 = {1}, M_1 = {0, 2}, M_2 = {}): the opposite sign",
         ),
     ],
     "10_length_and_aggregation": [
@@ -633,6 +627,14 @@ WRONG_ANSWERS: dict[str, list[tuple[str, str]]] = {
             "    return float((adv / lengths).sum() / len(adv))\n",
             "wrong value — the net coefficient at Â = [1.0, -0.5], |y| = [2, 4]: Σ Â_i = 0.5 here",
         ),
+        (  # seq-mean-token-sum-norm's constant C taken as the mean length
+            "def my_shared_net(adv, lengths, aggregation):\n"
+            "    g, y = len(adv), lengths.double()\n"
+            "    w = {'token-mean': 1 / y.sum(), 'seq-mean-token-mean': 1 / (g * y), 'seq-mean-token-sum': 1 / g,\n"
+            "         'seq-mean-token-sum-norm': 1 / (g * y.mean())}[aggregation]\n"
+            "    return float((adv * w).sum())\n",
+            "wrong value — the net coefficient at Â = [1.0, -0.5], |y| = [2, 4], seq-mean-token-sum-norm: expected 0.0625, got 0.0833333",
+        ),
         (  # "only token-mean cancels"
             "def my_cancels_any_length(objective, aggregation, length_norm):\n"
             "    return aggregation == 'token-mean'\n",
@@ -659,13 +661,50 @@ WRONG_ANSWERS: dict[str, list[tuple[str, str]]] = {
             "def my_adam_coast(beta1, beta2, k):\n    return 0.0\n",
             "wrong value — Adam's step (in units of lr) k steps after the last non-zero gradient at k = 1: expected 0.670058, got 0",
         ),
-        (  # the SGD step
-            "def my_first_adam_step(grad, lr, eps):\n    return -lr * grad\n",
-            "wrong value — Adam's first update Δθ: expected [-0.099999, 0.1, 0, -0.00909091], got [-0.0001, 0.2, -0, -1e-10]",
+        (  # torch's default betas hard-coded
+            "def my_adam_coast(beta1, beta2, k):\n"
+            "    return 0.9**k * 0.1 / (1 - 0.9 ** (k + 1)) / math.sqrt(0.999**k * 0.001 / (1 - 0.999 ** (k + 1)))\n",
+            "wrong value — Adam's coasting step / lr on random case 2 of 20",
         ),
-        (  # ascent instead of descent
-            "def my_first_adam_step(grad, lr, eps):\n    return lr * grad / (grad.abs() + eps)\n",
-            "wrong value — Adam's first update Δθ: expected [-0.099999, 0.1, 0, -0.00909091], got [0.099999, -0.1, 0, 0.00909091] (the opposite sign)",
+        (  # Adam's L2 weight decay: λ·θ added to the gradient
+            "def my_adamw(theta, grads, lr, betas, eps, weight_decay):\n"
+            "    m = v = torch.zeros_like(theta)\n"
+            "    for t, g in enumerate(grads, start=1):\n"
+            "        g = g + weight_decay * theta\n"
+            "        m, v = betas[0] * m + (1 - betas[0]) * g, betas[1] * v + (1 - betas[1]) * g * g\n"
+            "        theta = theta - lr * (m / (1 - betas[0]**t)) / ((v / (1 - betas[1]**t)).sqrt() + eps)\n"
+            "    return theta\n",
+            "wrong value — θ after two AdamW steps (lr 0.1, λ 0.1): the decay went into the gradient",
+        ),
+        (  # no bias correction
+            "def my_adamw(theta, grads, lr, betas, eps, weight_decay):\n"
+            "    m = v = torch.zeros_like(theta)\n"
+            "    for g in grads:\n"
+            "        theta = theta * (1 - lr * weight_decay)\n"
+            "        m, v = betas[0] * m + (1 - betas[0]) * g, betas[1] * v + (1 - betas[1]) * g * g\n"
+            "        theta = theta - lr * m / (v.sqrt() + eps)\n"
+            "    return theta\n",
+            "wrong value — θ after two AdamW steps (lr 0.1, λ 0.1): m and v are not bias-corrected",
+        ),
+        (  # torch.optim's AdamW: the exercise asks for the arithmetic
+            "def my_adamw(theta, grads, lr, betas, eps, weight_decay):\n"
+            "    p = theta.clone().requires_grad_(True)\n"
+            "    opt = torch.optim.AdamW([p], lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)\n"
+            "    for g in grads:\n"
+            "        p.grad = g.clone()\n"
+            "        opt.step()\n"
+            "    return p.detach()\n",
+            "refused call — `my_adamw` uses `optim`",
+        ),
+        (  # betas hard-coded to torch's defaults
+            "def my_adamw(theta, grads, lr, betas, eps, weight_decay):\n"
+            "    m = v = torch.zeros_like(theta)\n"
+            "    for t, g in enumerate(grads, start=1):\n"
+            "        theta = theta * (1 - lr * weight_decay)\n"
+            "        m, v = 0.9 * m + 0.1 * g, 0.999 * v + 0.001 * g * g\n"
+            "        theta = theta - lr * (m / (1 - 0.9**t)) / ((v / (1 - 0.999**t)).sqrt() + eps)\n"
+            "    return theta\n",
+            "wrong value — θ after AdamW's steps on random case",
         ),
     ],
 }

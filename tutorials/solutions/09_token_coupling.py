@@ -8,17 +8,15 @@ notebook's imports (`torch`), so this file is not run on its own. The tutorial t
 # ruff: noqa: F821
 
 
-def my_output_overlap(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """(N, N) D_jk = 1[y_j = y_k] − π_j(y_k) − π_k(y_j) + ⟨π_j, π_k⟩ (eq. 8)."""
-    same = (tokens[:, None] == tokens[None, :]).to(probs.dtype)  # 1[y_j = y_k]
-    cross = probs[:, tokens]  # cross[j, k] = π_j(y_k); its transpose holds π_k(y_j)
-    return same - cross - cross.T + probs @ probs.T
+def my_predicted_flips(kernel: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
+    """(N,) bool: the first-order Δ log π of token j has the opposite sign to c_j (c_j ≠ 0, Δ_j ≠ 0)."""
+    delta = kernel @ coef  # eq. 5 over lr: Δ_j / lr = c_j·K_jj + Σ_{k≠j} c_k·K_jk, the self-term included
+    return (delta * coef) < 0  # opposite signs; 0 when c_j = 0 or Δ_j = 0: not a flip
 
 
-def my_first_order_delta(
-    kernel: torch.Tensor, coef: torch.Tensor, lr: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(self, coupling), each (N,): lr·c_j·K_jj and lr·Σ_{k≠j} c_k·K_jk (eq. 5)."""
-    self_term = lr * coef * torch.diagonal(kernel)
-    coupling = lr * (kernel @ coef) - self_term  # the whole row sum, less its k = j term
-    return self_term, coupling
+def my_masking_effect(
+    kernel: torch.Tensor, coef: torch.Tensor, lr: float, masked: torch.Tensor
+) -> torch.Tensor:
+    """(N,) first-order ME_j = Δ_j(all tokens) − Δ_j(the tokens of M_j removed), M_j = row j of `masked`."""
+    # Δ_j = lr·Σ_k c_k·K_jk; the masked step drops the terms k ∈ M_j, so the difference is those terms
+    return lr * (kernel * masked.to(kernel.dtype) * coef[None, :]).sum(-1)

@@ -17,7 +17,22 @@ def my_adam_coast(beta1: float, beta2: float, k: int) -> float:
     return m_hat / math.sqrt(v_hat)
 
 
-def my_first_adam_step(grad: torch.Tensor, lr: float, eps: float) -> torch.Tensor:
-    """Δθ of torch.optim.Adam's first step (bias-corrected moments) for the gradient `grad`."""
-    # step 1: m̂ = g, v̂ = g² (the bias corrections undo the (1 − β) factors), so Δθ = −lr·g/(|g| + ε)
-    return -lr * grad / (grad.abs() + eps)
+def my_adamw(
+    theta: torch.Tensor,
+    grads: torch.Tensor,
+    lr: float,
+    betas: tuple[float, float],
+    eps: float,
+    weight_decay: float,
+) -> torch.Tensor:
+    """θ after len(grads) steps of AdamW (bias-corrected moments, decoupled weight decay) from `theta`."""
+    beta1, beta2 = betas
+    theta = theta.clone()
+    m, v = torch.zeros_like(theta), torch.zeros_like(theta)
+    for t, g in enumerate(grads, start=1):
+        theta = theta * (1 - lr * weight_decay)  # the decoupled decay, before Adam's step
+        m = beta1 * m + (1 - beta1) * g
+        v = beta2 * v + (1 - beta2) * g * g
+        m_hat, v_hat = m / (1 - beta1**t), v / (1 - beta2**t)
+        theta = theta - lr * m_hat / (v_hat.sqrt() + eps)
+    return theta
