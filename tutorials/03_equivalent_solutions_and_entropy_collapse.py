@@ -192,8 +192,8 @@ ARM_COLOR = {name: ARM_COLORS[name.removesuffix(" ε=0.2")] for name in runs_spe
 # the app's own curves). An arm has the same colour in both panels and in every tutorial
 # (`app.figures.ARM_COLORS`). Several arms end on top of each other, so each also has its own dash and
 # marker symbol, and its markers sit on its own steps (every 12th, shifted by 2 per arm): the eq. 86
-# control (dashed, ◇, drawn last) runs on DFPO Min-Replace's curve at GSPO's ε, the point section 5
-# makes; the ε = 0.2 arms are dotted and dash-dotted.
+# control (dashed, open squares, drawn last) runs on DFPO Min-Replace's curve at GSPO's ε, the
+# point section 5 makes; the ε = 0.2 arms are dotted and dash-dotted.
 
 
 # %%
