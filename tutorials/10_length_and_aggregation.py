@@ -297,22 +297,23 @@ WINDOW = 10  # steps pooled per point of the figures below
 
 def band_figure(metric: str, title: str, y_title: str):
     """Per arm on `unequal`: the median and the 10–90 % band of the values measured in each window of
-    WINDOW steps, over every (seed, step) pair with a value; NaN (no value at that step) left out."""
-    fig = go.Figure()
-    q = torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)
-    for arm in ARMS:
+    WINDOW steps, over every (seed, step) pair with a value; NaN (no value at that step) left out. Each
+    arm's points are shifted a little along x and get their own marker, so arms that coincide stay visible."""
+    fig, q = go.Figure(), torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)
+    for k, arm in enumerate(ARMS):
         x, mid, band = runs[arm][metric], [], []
         for s in range(0, STEPS, WINDOW):
-            v = x[:, s : s + WINDOW].flatten()
-            if (v := v[~v.isnan()]).numel():
-                mid.append(s + (WINDOW + 1) / 2)
-                band.append(torch.quantile(v, q).tolist())
+            if (v := x[:, s : s + WINDOW].flatten()).isnan().all():
+                continue
+            mid.append(s + (WINDOW + 1) / 2 + 0.8 * (k - 2))
+            band.append(torch.quantile(v[~v.isnan()], q).tolist())
         lo, med, hi = zip(*band, strict=True)
         c = COLOR[arm]
-        fill = "rgba({},{},{},0.15)".format(*(int(c[k : k + 2], 16) for k in (1, 3, 5)))
-        fig.add_scatter(x=mid + mid[::-1], y=list(hi) + list(lo[::-1]), fill="toself", fillcolor=fill,
+        fill = "rgba({},{},{},0.1)".format(*(int(c[i : i + 2], 16) for i in (1, 3, 5)))
+        fig.add_scatter(x=mid + mid[::-1], y=list(hi) + list(lo[::-1]), fill="toself", fillcolor=fill, mode="lines",
                         line={"width": 0}, legendgroup=arm, showlegend=False, hoverinfo="skip")  # fmt: skip
         fig.add_scatter(x=mid, y=med, mode="lines+markers", name=arm, legendgroup=arm,
+                        marker={"symbol": ("circle", "square", "diamond", "triangle-up", "x")[k], "size": 8},
                         line={"color": c, "dash": "dash" if "seq-mean" in arm else None})  # fmt: skip
     fig.update_layout(title=title, xaxis_title="step", yaxis_title=y_title, height=380)
     return fig
@@ -323,7 +324,9 @@ for arm in ARMS:
     has = ~runs[arm]["group_shared_residual"].isnan()
     share = [f"{float(has[:, s : s + WINDOW].double().mean()):.0%}" for s in range(0, STEPS, WINDOW)]
     print(f"{arm:36} (seed, step) pairs with a whole-group event, per {WINDOW} steps: {' '.join(share)}")
-title = f"Residual on whole-group events, unequal lengths (median, 10–90 % of the values of {WINDOW} steps × 12 seeds)"
+title = (
+    f"Residual on whole-group events, unequal lengths (median, 10–90 %; {WINDOW} steps × 12 seeds a point)"
+)
 band_figure("group_shared_residual", title, "|Σ c| / Σ |c| on whole-group events").show()
 band_figure("expected_reward", "Expected reward, unequal lengths (median, 10–90 %)", "E[R]").show()
 
@@ -333,7 +336,8 @@ band_figure("expected_reward", "Expected reward, unequal lengths (median, 10–9
 # steps, fewer and fewer as the reward saturates (a group of 8 correct completions has every Â = 0).
 # A curve per step would be mostly gaps, and a mean ± std band would dip below 0 for a quantity that
 # cannot. So each point pools the values measured in its window of steps over all seeds and draws
-# their median and 10–90 % percentiles: what was measured, nothing below 0.
+# their median and 10–90 % percentiles: what was measured, nothing below 0 (each arm's points are shifted
+# a little along the step axis, so that the two token-mean arms, both at 0, stay visible).
 #
 # In training the table says what the single group said. On `unequal`, GRPO token-mean and DFPO
 # token-mean keep the whole-group events at 0 and pay with a sequence-net residual of about 0.2;
