@@ -22,7 +22,10 @@ compute the expected values with the library. The solutions are in ``tutorials/s
 from __future__ import annotations
 
 import ast
+import copy
+import functools
 import inspect
+import linecache
 import math
 import numbers
 import os
@@ -280,7 +283,15 @@ def expect_cases(
 
 
 def _copied(args: tuple) -> tuple:
-    return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+    """Each argument copied, tensors inside containers too (``copy.deepcopy``; an argument it cannot copy,
+    e.g. a module or a model, is passed as it is)."""
+    out = []
+    for a in args:
+        try:
+            out.append(a.clone() if isinstance(a, torch.Tensor) else copy.deepcopy(a))
+        except Exception:
+            out.append(a)
+    return tuple(out)
 
 
 #: The project's packages: an exercise asks you to write what they compute, so an answer may not call them
@@ -337,25 +348,71 @@ def forbid(
                 raise Wrong(
                     f"refused call — `{fn.__name__}` uses `{name}`, which this exercise asks you not to use{tail}"
                 )
+    _refuse_reach(fn, f"`{fn.__name__}`", tuple(refused), tuple(allow), tail, set())
+
+
+def _refuse_reach(
+    fn: Callable[..., Any],
+    who: str,
+    refused: tuple[str, ...],
+    allow: tuple[str, ...],
+    tail: str,
+    seen: set[int],
+) -> None:
+    """Refuse what ``fn`` reaches by name: its globals, its default arguments and its closure, and through
+    the notebook's own functions it calls, what they reach (``who`` says by which path)."""
+    seen.add(id(fn))
     namespace = getattr(fn, "__globals__", {})
-    for name in sorted(_global_names(getattr(fn, "__code__", None))):
-        if name in allow or name not in namespace:
+    code = getattr(fn, "__code__", None)
+    reached = [(name, namespace[name]) for name in sorted(_global_names(code)) if name in namespace]
+    defaults = tuple(getattr(fn, "__defaults__", None) or ()) + tuple(
+        (getattr(fn, "__kwdefaults__", None) or {}).values()
+    )
+    reached += [("a default argument", value) for value in defaults]
+    closure = zip(code.co_freevars if code else (), getattr(fn, "__closure__", None) or (), strict=False)
+    reached += [(name, cell.cell_contents) for name, cell in closure if _has_contents(cell)]
+    for name, value in reached:
+        if name in allow:
             continue
-        value = namespace[name]
-        if name in refused:
-            raise Wrong(
-                f"refused call — `{fn.__name__}` uses `{name}`, which this exercise asks you not to use{tail}"
-            )
+        if name in refused or set(_module_of(value).split(".")) & set(refused):
+            raise Wrong(f"refused call — {who} uses `{name}`, which this exercise asks you not to use{tail}")
         if _from_project(value):
             raise Wrong(
-                f"refused call — `{fn.__name__}` uses `{name}` from the project's library, which computes what "
-                f"the exercise asks you to write{tail}"
+                f"refused call — {who} uses `{name}` from the project's library, which computes what the "
+                f"exercise asks you to write{tail}"
             )
-        if _is_data(value):
+        if _is_data(value) and not (name == "a default argument" and isinstance(value, numbers.Number)):
             raise Wrong(
-                f"refused call — `{fn.__name__}` reads the notebook's variable `{name}`: take what you need as "
-                f"an argument (the check calls your function on its own cases){tail}"
+                f"refused call — {who} reads the notebook's variable `{name}`: take what you need as an argument "
+                f"(the check calls your function on its own cases){tail}"
             )
+        if isinstance(value, types.FunctionType) and _defined_in_a_check_cell(value):
+            raise Wrong(
+                f"refused call — {who} uses `{name}`, which a check cell defined (the check's own reference or "
+                f"data): write the computation yourself{tail}"
+            )
+        if isinstance(value, types.FunctionType) and value.__globals__ is namespace and id(value) not in seen:
+            _refuse_reach(value, f"{who} calls `{name}`, which", refused, allow, tail, seen)
+
+
+def _has_contents(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018  (an empty cell raises)
+    except ValueError:
+        return False
+    return True
+
+
+def _module_of(value: Any) -> str:
+    module = value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", None)
+    return module if isinstance(module, str) else ""
+
+
+def _defined_in_a_check_cell(fn: types.FunctionType) -> bool:
+    """``fn`` was defined in a notebook cell that holds a ``with check(...)`` block (IPython keeps each
+    cell's source in ``linecache``)."""
+    source = "".join(linecache.getlines(fn.__code__.co_filename))
+    return any(line.startswith("with check(") for line in source.splitlines())
 
 
 def _global_names(code: types.CodeType | None) -> set[str]:
@@ -369,9 +426,17 @@ def _global_names(code: types.CodeType | None) -> set[str]:
     return names
 
 
-def _from_project(value: Any) -> bool:
-    module = value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", None)
-    return isinstance(module, str) and module.split(".")[0] in PROJECT_PACKAGES
+def _from_project(value: Any, depth: int = 0) -> bool:
+    """``value`` is (or lives in) one of the project's packages, or holds such a thing: a
+    ``functools.partial`` of one, a container of them (a dict of the library's functions)."""
+    if _module_of(value).split(".")[0] in PROJECT_PACKAGES:
+        return True
+    if depth < 2 and isinstance(value, functools.partial):
+        return _from_project(value.func, depth + 1)
+    if depth < 2 and isinstance(value, (list, tuple, dict, set, frozenset)):
+        items = list(value.values() if isinstance(value, dict) else value)[:50]
+        return any(_from_project(v, depth + 1) for v in items)
+    return False
 
 
 def _is_data(value: Any) -> bool:
