@@ -52,6 +52,7 @@ import nbformat
 import pytest
 from ipykernel.kernelspec import write_kernel_spec
 
+from tests.tutorials import perturbation
 from tests.tutorials.perturbation import candidates
 
 REPO = Path(__file__).resolve().parents[2]
@@ -833,6 +834,41 @@ def test_kernel_is_this_interpreter(kernel_path: Path, monkeypatch: pytest.Monke
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import sys; print(sys.executable)")])
     nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3").execute()
     assert _all_outputs_text(nb).strip() == sys.executable
+
+
+def test_perturbation_candidates_and_sameness() -> None:
+    """Every single-site perturbation of a small function, each described by its line; the docstring and
+    bools are left alone; ``same`` tells a change beyond 1e-3 relative from rounding."""
+    import torch
+
+    source = 'def f(x, flag=True):\n    """2 + 2"""\n    return x.sum() + 2.5 if x.max() > 0 else x / 3\n'
+    found = candidates(source, random.Random(0))
+    changes = sorted(c.change.split("→ ")[1] for c in found)
+    assert changes == sorted(
+        f"`return {e}`"
+        for e in [
+            "x.mean() + 2.5 if x.max() > 0 else x / 3",  # sum -> mean
+            "x.sum() - 2.5 if x.max() > 0 else x / 3",  # + -> -
+            "x.sum() + 3.5 if x.max() > 0 else x / 3",  # float + 1
+            "x.sum() + 3.75 if x.max() > 0 else x / 3",  # float x 1.5
+            "x.sum() + 2.5 if x.min() > 0 else x / 3",  # max -> min
+            "x.sum() + 2.5 if x.max() >= 0 else x / 3",  # > -> >=
+            "x.sum() + 2.5 if x.max() > 1 else x / 3",  # int + 1
+            "x.sum() + 2.5 if x.max() > -1 else x / 3",  # int - 1
+            "x.sum() + 2.5 if x.max() > 0 else x * 3",  # / -> *
+            "x.sum() + 2.5 if x.max() > 0 else x / 4",
+            "x.sum() + 2.5 if x.max() > 0 else x / 2",
+        ]
+    ), changes
+    assert all(
+        c.change.startswith("line 3: `return x.sum() + 2.5 if x.max() > 0 else x / 3` → ") for c in found
+    )
+    assert [c.source for c in candidates(source, random.Random(0))] == [c.source for c in found]  # seeded
+    assert perturbation.same(1.0, 1.0 + 5e-4) and not perturbation.same(1.0, 1.002)
+    t = torch.tensor([1.0, 1e-9], dtype=torch.float64)
+    assert perturbation.same(t, t + 1e-12) and not perturbation.same(t, t.float())  # values and dtype
+    assert not perturbation.same(t, torch.tensor([1.0, 1e-9, 0.0], dtype=torch.float64))
+    assert perturbation.same((t, {"a": True}), (t.clone(), {"a": True})) and not perturbation.same(True, 1)
 
 
 def test_forbid_reads_a_cells_source_in_the_kernel(
