@@ -241,9 +241,8 @@ class CancellationGRPOTrainer(GRPOTrainer):
         rewards = (per_func * self.reward_weights.to(per_func.device)[None]).nansum(dim=1).to(dtype)
         scorable = ~torch.isnan(per_func).all(dim=1)  # TRL: a row no reward function scored gets 0
         mask = out["completion_mask"]
-        in_loss = self.accelerator.gather(
-            mask.sum(-1) > 0
-        )  # mask_truncated_completions zeroed truncated rows
+        # the rows in the loss, over every process (``mask_truncated_completions`` zeroes a truncated row's mask)
+        in_loss = self.accelerator.gather(mask.sum(-1) > 0)
         group = torch.arange(rewards.shape[0], device=rewards.device) // size
         adv = group_advantages(
             rewards, group, scale=cfg.adv_scale, valid=scorable & in_loss.to(scorable.device)
@@ -264,9 +263,7 @@ class CancellationGRPOTrainer(GRPOTrainer):
             self._generation = self._generate_and_score_completions(generation_batch)
             self._buffered_inputs = split_tensor_dict(self._generation, spg)
         k = self._step % spg
-        if (
-            self._step % ga == 0
-        ):  # the first micro-batch of an optimizer step: the whole mini-batch's coefficients
+        if self._step % ga == 0:  # an optimizer step's first micro-batch: the whole mini-batch's coefficients
             self._coef = self._minibatch_coefficients(k // ga, on_policy=fresh)
         inputs = dict(self._buffered_inputs[k])
         inputs["coef"] = self._coef[k % ga]

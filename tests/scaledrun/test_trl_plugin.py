@@ -334,12 +334,26 @@ def test_trl_plugin_two_optimizer_steps_per_generation_equal_scaledrun(tiny_mode
         _assert_same(grads[k], sr_steps[k], f"step {k + 1} gradients", grad_tolerance(sr_steps[k], batch))
 
 
-#: Lopti alone and with Advantage Reweighting (the Lopti paper's η 0.5 with AR; here both stages hold tokens).
+#: Lopti alone, with Advantage Reweighting and with GSPO; η is set per batch (``_lopti_eta``).
 LOPTI = [
-    ("lopti", {"objective": "grpo", "lopti_eta": 0.5}),
-    ("lopti-ar", {"objective": "grpo", "ar_alpha": 0.3, "lopti_eta": 0.5}),
-    ("lopti-gspo", {"objective": "gspo", "lopti_eta": 0.5}),
+    ("lopti", {"objective": "grpo"}),
+    ("lopti-ar", {"objective": "grpo", "ar_alpha": 0.3}),
+    ("lopti-gspo", {"objective": "gspo"}),
 ]
+
+
+def _lopti_eta(tiny_model, tmp_path) -> float:
+    """η inside the widest gap between consecutive π_old of the chosen batch's middle half: both of Lopti's
+    stages hold tokens on every machine and seed (a fixed η could leave one empty), and no token lies near η
+    (TRL's π_old carries float32 rounding: a token within it of η could land in the other stage)."""
+    batch = _replay_batch(_sr_cfg(tiny_model, tmp_path / "eta", {}, 1, 0, LR))
+    probs = batch.old_logp[batch.completion_mask.bool()].exp().sort().values
+    n = probs.numel()
+    lo, hi = n // 4, max(3 * n // 4, n // 4 + 1)
+    gaps = probs[lo + 1 : hi + 1] - probs[lo:hi]
+    k = lo + int(gaps.argmax())
+    assert float(probs[k + 1] - probs[k]) > 1e-4 * float(probs[k + 1])  # far from float32 rounding
+    return float(probs[k] + probs[k + 1]) / 2
 
 
 @pytest.mark.parametrize("spg", [1, 2])
@@ -348,6 +362,7 @@ def test_trl_plugin_lopti_stages_equal_scaledrun(tiny_model, tmp_path, monkeypat
     """Lopti's two stages are two optimizer steps in both trainers (the plug-in takes the first inside TRL's
     step): both steps' gradients, in one pass and accumulated over 2 micro-batches; the second stage's
     log-probs are those of the weights the first stage moved (``LR_ITER``)."""
+    fields = {**fields, "lopti_eta": _lopti_eta(tiny_model, tmp_path)}
     batch, sr_steps, _ = run_scaledrun(
         tiny_model, tmp_path, fields, micro=G if spg == 2 else 0, lr=LR_ITER, monkeypatch=monkeypatch
     )
