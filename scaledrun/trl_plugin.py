@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -50,7 +51,7 @@ from cancellation.diagnostics import prefix_event_keys
 from cancellation.objectives import compute_loss as objective_loss
 from cancellation.update import CancellationMeter, MeterTotals, coefficients, lopti_stage_advantages
 
-from .config import ObjectiveConfig
+from .config import ObjectiveConfig, class_field_docs
 
 try:
     from trl import GRPOConfig, GRPOTrainer
@@ -143,6 +144,11 @@ class CancellationGRPOConfig(ObjectiveConfig, GRPOConfig):
         self.scale_rewards = self.adv_scale
         GRPOConfig.__post_init__(self)
         check_layout(self)
+
+
+# ``--help`` of TRL's ``TrlParser`` / transformers' ``HfArgumentParser`` shows each objective field's docstring
+for _name, _doc in class_field_docs(ObjectiveConfig).items():
+    CancellationGRPOConfig.__dataclass_fields__[_name].metadata = MappingProxyType({"help": _doc})
 
 
 def check_layout(args: Any) -> None:

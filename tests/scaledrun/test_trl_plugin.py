@@ -30,7 +30,7 @@ import scaledrun.train as tr
 from cancellation import group_advantages
 from cancellation.batching import split_minibatches
 from cancellation.update import RESIDUAL_KEYS
-from scaledrun.config import ObjectiveConfig
+from scaledrun.config import ObjectiveConfig, class_field_docs
 from scaledrun.data import load_tasks
 from scaledrun.model import load_model_and_tokenizer
 from scaledrun.rollout import score_completions
@@ -439,6 +439,28 @@ def test_trl_plugin_leaves_vllm_and_trainer_settings_untouched(tmp_path):
             assert getattr(ours, f.name) == getattr(theirs, f.name), f.name
         for name, value in kw.items():
             assert getattr(ours, name) == value
+
+
+def test_trl_plugin_config_parses_from_the_command_line(tmp_path):
+    """TRL's ``TrlParser`` (an ``HfArgumentParser``) reads the objective fields by name, and ``--help`` shows
+    the docstrings declared once in ``ObjectiveConfig``."""
+    from trl import TrlParser
+
+    parser = TrlParser((CancellationGRPOConfig,))
+    (args,) = parser.parse_args_into_dataclasses(
+        ["--output_dir", str(tmp_path), "--use_cpu", "true", "--bf16", "false", "--per_device_train_batch_size",
+         "8", "--num_generations", "4", "--objective", "dfpo", "--transform", "orth_proj", "--epsilon_high", "0.01"]
+    )  # fmt: skip
+    assert (args.objective, args.transform, args.epsilon_high, args.epsilon_low) == (
+        "dfpo",
+        "orth_proj",
+        0.01,
+        None,
+    )
+    assert args.objective_params() == {"epsilon_high": 0.01, "length_norm": True, "transform": "orth_proj",
+                                       "stop_grad": True}  # fmt: skip
+    help_text = " ".join(parser.format_help().split())
+    assert " ".join(class_field_docs(ObjectiveConfig)["transform"].split()) in help_text
 
 
 @pytest.mark.parametrize(
