@@ -38,6 +38,7 @@ group between processes or optimizer steps (``check_layout``). docs/plugins.md s
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -147,8 +148,11 @@ class CancellationGRPOConfig(ObjectiveConfig, GRPOConfig):
 
 
 # ``--help`` of TRL's ``TrlParser`` / transformers' ``HfArgumentParser`` shows each objective field's docstring
+# (on copies of the fields: ``RunConfig`` shares ObjectiveConfig's field objects)
 for _name, _doc in class_field_docs(ObjectiveConfig).items():
-    CancellationGRPOConfig.__dataclass_fields__[_name].metadata = MappingProxyType({"help": _doc})
+    _field = copy.copy(CancellationGRPOConfig.__dataclass_fields__[_name])
+    _field.metadata = MappingProxyType({"help": _doc})
+    CancellationGRPOConfig.__dataclass_fields__[_name] = _field
 
 
 def check_layout(args: Any) -> None:
