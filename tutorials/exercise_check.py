@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import dis
 import functools
 import inspect
 import linecache
@@ -419,7 +420,8 @@ def _global_names(code: types.CodeType | None) -> set[str]:
     """The global names a function (and the functions, lambdas and comprehensions inside it) reads."""
     if code is None:
         return set()
-    names = set(code.co_names)
+    # the names it loads as globals, not its attribute names (`mask.shape` is no read of a global `shape`)
+    names = {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             names |= _global_names(const)
