@@ -30,10 +30,13 @@
 # paper's estimator yourself.
 
 # %%
+import math
+
 import plotly.graph_objects as go
 import plotly.io as pio
 import torch
-from exercise_check import check, ensure, expect_close, reject, switched_off  # the exercises' checks
+from exercise_check import check, ensure, expect_cases, expect_close, forbid, reject  # the exercises' checks
+from plotly.subplots import make_subplots
 from show import report_rows, table  # tables, and quotes of experiments/REPORT.md
 
 from app.figures import ARM_COLORS, curve_figure  # one colour per arm; the app's mean ± 1 std seed curves
@@ -63,6 +66,12 @@ ARM_OF = {  # this tutorial's label → the arm's name in ARM_COLORS
 }  # fmt: skip
 COLOR = {**ARM_COLORS, **{label: ARM_COLORS[arm] for label, arm in ARM_OF.items()}}
 COLOR.update({f"{label} ε=0.2": COLOR[label] for label in ("GSPO", "DFPO (Min-Replace)")})
+
+
+def rgba(color: str, alpha: float) -> str:
+    """A "#rrggbb" colour with opacity ``alpha``, for bands and dots."""
+    return "rgba({},{},{},{})".format(*(int(color[k : k + 2], 16) for k in (1, 3, 5)), alpha)
+
 
 # %% [markdown]
 # ## 1. A hand-made group and its post-clip weights
@@ -365,8 +374,8 @@ table(
 )  # fmt: skip
 
 # %% [markdown]
-# The curves, mean ± 1 std over the 8 seeds (`app.figures.curve_figure`, the app's own). Arms that
-# lie on top of another are dashed, and an arm whose curve is 0 says so in the legend.
+# E[R] over the steps, mean ± 1 std over the 8 seeds (`app.figures.curve_figure`, the app's own). Arms
+# that lie on top of another are dashed.
 
 
 # %%
@@ -376,24 +385,91 @@ def curves(arms: list[str], metric: str, title: str, dashed: tuple[str, ...] = (
     for tr in fig.data:
         arm, c = tr.legendgroup, COLOR[tr.legendgroup]
         if tr.fill:  # the ±1 std band
-            tr.fillcolor = "rgba({},{},{},0.15)".format(*(int(c[k : k + 2], 16) for k in (1, 3, 5)))
+            tr.fillcolor = rgba(c, 0.15)
             continue
         tr.line.color = c
         tr.line.dash = "dot" if arm.endswith("ε=0.2") else ("dash" if arm in dashed else None)
-        finite = [v for v in tr.y if v == v]
-        if finite and max(abs(v) for v in finite) < 1e-12:
-            tr.name = f"{arm} (0 up to rounding)"
-        elif not finite:
-            tr.name = f"{arm} (no update: n/a)"
+    return fig
+
+
+at_eps = ["GSPO", "eq. 86 control", "DFPO (Min-Replace)", "DFPO ppo_clip", "DFPO (no stop-grad)",
+          "DFPO (scale by 0.5)"]  # fmt: skip
+curves(at_eps, "expected_reward", "template_task at GSPO's ε: E[R]", ("DFPO ppo_clip",)).show()
+
+# %% [markdown]
+# The group-shared residual is not measured at every step, and a mean ± std curve would hide that (its
+# band also dipped below 0 for a quantity that is never negative). A step has no value (NaN) when its
+# group contains **no event that all 8 completions share** (every completion must pick the same synonym
+# at a template position: with the starting 0.7 / 0.2 / 0.1 that is rare) or when **every Â is 0** (all
+# 8 rewards equal, the rule once E[R] is near 1). Each panel's title gives the share of seed-steps that
+# measured a value. So the figure draws what was measured: every measured (step, value) as a dot, and per
+# 10-step window the median of the window's values (line) with their 25th–75th percentiles (band); a
+# window without a value is left empty. The y-axis is logarithmic so that DFPO's float rounding (~1e-16)
+# and GSPO's 0.1–1 fit on one axis; an exact 0 is drawn at 1e-18. GSPO's values (and those of DFPO's
+# ppo_clip variant, which behaves like it) fall in two clusters, 0 up to rounding and 0.1–1, and the
+# window medians jump between them; the control sits near 1e-4, DFPO at rounding, and DFPO without
+# stop-grad never updates, so it never measures anything.
+
+
+# %%
+def measured(arm: str) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """(steps, values) of every (seed, step) of ``arm`` that measured a group-shared residual, and their
+    share of all its seed-steps."""
+    pts = [(r["step"], r["group_shared_residual"]) for rows in runs[arm] for r in rows]
+    kept = [(x, y) for x, y in pts if y == y]  # NaN: nothing measured at that step
+    xs = torch.tensor([x for x, _ in kept], dtype=f64)
+    return xs, torch.tensor([max(y, 1e-18) for _, y in kept], dtype=f64), len(kept) / len(pts)  # 0 → 1e-18
+
+
+def window_quartiles(
+    xs: torch.Tensor, ys: torch.Tensor, window: int
+) -> list[tuple[float, list[float] | None]]:
+    """Per ``window`` steps: (its middle, [25th, 50th, 75th percentile] of its values, None when it has none)."""
+    out = []
+    for start in range(0, STEPS, window):
+        inside = ys[(xs >= start) & (xs < start + window)]
+        q = (
+            torch.quantile(inside, torch.tensor([0.25, 0.5, 0.75], dtype=f64)).tolist()
+            if len(inside)
+            else None
+        )
+        out.append((start + window / 2, q))
+    return out
+
+
+# %%
+def residual_figure(arms: list[str], title: str, cols: int = 3, window: int = 10) -> go.Figure:
+    """One panel per arm: every measured group-shared residual (seed, step) as a dot, and per ``window`` steps
+    the median (line) with the 25–75 percentile band of the measured values; windows without one left empty."""
+    rows = -(-len(arms) // cols)
+    fig = make_subplots(rows=rows, cols=cols, shared_yaxes=True, subplot_titles=[
+        f"{arm} ({measured(arm)[2]:.0%} measured)" if len(measured(arm)[0]) else f"{arm}: never measured" for arm in arms
+    ])  # fmt: skip
+    for k, arm in enumerate(arms):
+        xs, ys, _ = measured(arm)
+        c, at = COLOR[arm], {"row": k // cols + 1, "col": k % cols + 1}
+        fig.add_scatter(
+            x=xs.tolist(), y=ys.tolist(), mode="markers", marker={"size": 3, "color": rgba(c, 0.4)}, **at
+        )
+        band = [(m, q) for m, q in window_quartiles(xs, ys, window) if q is not None]
+        fig.add_scatter(x=[m for m, _ in band] + [m for m, _ in band][::-1], y=[q[2] for _, q in band]
+                        + [q[0] for _, q in band][::-1], fill="toself", fillcolor=rgba(c, 0.2), line={"width": 0}, **at)  # fmt: skip
+        wq = window_quartiles(xs, ys, window)
+        fig.add_scatter(x=[m for m, _ in wq], y=[q[1] if q else None for _, q in wq], mode="lines+markers",
+                        line={"color": c}, marker={"color": c}, connectgaps=False, **at)  # fmt: skip
+    fig.update_yaxes(type="log", range=[-18.5, 0.5])
+    fig.update_xaxes(range=[0, STEPS])
+    fig.update_layout(title=title, showlegend=False, height=300 * rows)
+    fig.update_xaxes(title_text="step", row=rows)
+    fig.update_yaxes(title_text="residual (log)", col=1)
     return fig
 
 
 # %%
-at_eps = ["GSPO", "eq. 86 control", "DFPO (Min-Replace)", "DFPO ppo_clip", "DFPO (no stop-grad)",
-          "DFPO (scale by 0.5)"]  # fmt: skip
-curves(at_eps, "expected_reward", "template_task at GSPO's ε: E[R]", ("DFPO ppo_clip",)).show()
-curves(at_eps, "group_shared_residual", "… group-shared residual", ("DFPO ppo_clip",)).show()
-curves(["GSPO ε=0.2", "DFPO (Min-Replace) ε=0.2"], "group_shared_residual", "… at ε = 0.2").show()
+residual_figure(
+    at_eps, "… group-shared residual: every measured value, median and quartiles per 10 steps"
+).show()
+residual_figure(["GSPO ε=0.2", "DFPO (Min-Replace) ε=0.2"], "… at ε = 0.2", cols=2).show()
 
 # %% [markdown]
 # The same seeds in every run, so the effects are paired differences
@@ -452,14 +528,63 @@ report_rows("toy_main", "cancels on tokens the whole group shares, GSPO does not
 # ## Exercises
 #
 # Write the body of each `my_*` function (until you do, it raises `NotImplementedError`), run its
-# cell, then run the check cell below it: it prints ✓ or says what is missing or wrong. The checks
-# compare with numbers worked out by hand (in their comments). A worked solution is in
-# `tutorials/solutions/05_dfpo_transforms.py`; try first.
+# cell, then run the check cell below it: it prints ✓ or says what is missing or wrong. Each check
+# first compares with numbers worked out by hand (in its comments), then runs your function on 20
+# random groups (fresh every run; the seed is printed when one fails, `TUTORIAL_CHECK_SEED=<seed>`
+# reruns them) against its own plain-loop computation of the definition: Σ Â ≠ 0, groups of two,
+# Â = 0 rows, identical completions, padding. An answer that calls the library (`cancellation`,
+# `toymodel`, ...) or reads the notebook's variables is refused: take what you need from the
+# arguments. A worked solution is in `tutorials/solutions/05_dfpo_transforms.py`; try first.
 #
 # **Exercise 5.1 — Min-Replace and Orth-Proj.** For **one** group, given its post-clip weights
 # $\bar{\mathbf s}$ and advantages $\hat{\mathbf A}$ (both `(G,)`), return the pair
 # (Min-Replace's $\tilde{\mathbf s}$, eq. 50; Orth-Proj's $\tilde{\mathbf s}$, eq. 18), each `(G,)`, written with
-# plain tensor operations (a line each): `min_replace` and `TRANSFORMS` are switched off during the check.
+# plain tensor operations (a line each). Mind that $\hat{\mathbf A}$ need not sum to 0 (a batch-normalised
+# or reweighted $\hat A$) and that Orth-Proj may go below 0 (section 2).
+
+
+# %%
+# the check's groups worked out by hand: case 1 has Âᵀs̄ = 1.5·0.8 − 0.5·(1.2 + 0.9 + 1.0) = −0.35 and
+# ‖Â‖² = 2.25 + 3·0.25 = 3, so Orth-Proj adds (0.35/3)·Â: +0.175 to completion 0, −0.35/6 to the others;
+# case 2: Âᵀs̄ = 0.4, ‖Â‖² = 2. Each: (Â, s̄, Min-Replace's s̃, Orth-Proj's s̃)
+ex51 = [
+    ([1.5, -0.5, -0.5, -0.5], [0.8, 1.2, 0.9, 1.0], [0.8] * 4, [0.975, 1.2 - 0.35 / 6, 0.9 - 0.35 / 6, 1.0 - 0.35 / 6]),
+    ([1.0, -1.0], [1.2, 0.8], [0.8, 0.8], [1.0, 1.0]),
+]  # fmt: skip
+
+
+def pair_of(got, at: str, names: tuple[str, str]) -> None:
+    """The check's test that an answer is a pair (two tensors, or numbers)."""
+    ensure(isinstance(got, (tuple, list)) and len(got) == 2, f"expected a pair ({names[0]}, {names[1]}) {at}, "
+           f"got {type(got).__name__} {got!r}", "wrong type")  # fmt: skip
+
+
+def compare_5_1(got, want, what: str, at: str) -> None:
+    pair_of(got, at, ("Min-Replace", "Orth-Proj"))
+    expect_close(got[0], want[0], "Min-Replace's s̃ (eq. 50)", at=at)
+    expect_close(got[1], want[1], "Orth-Proj's s̃ (eq. 18)", at=at)
+
+
+# %%
+def case_5_1(gen: torch.Generator):
+    """A random group for the check: (s̄, Â) and what it holds; the kinds come in turn."""
+    kind = gen.initial_seed() % 1000 % 5  # expect_cases seeds its case i with seed·1000 + i
+    g = int(torch.randint(4, 9, (1,), generator=gen))
+    s_bar = 0.4 + torch.rand(g, generator=gen, dtype=f64)
+    adv = torch.randn(g, generator=gen, dtype=f64)
+    if kind == 0:
+        return (s_bar, adv + 0.3), "Σ Â ≠ 0"
+    if kind == 1:
+        return (s_bar[:2], adv[:2]), "a group with exactly two rows"
+    if kind == 2:  # a small weight on an Â > 0 row, large ones on the other Â > 0 rows: Orth-Proj below 0
+        adv = torch.tensor([1.0, 1.0, 1.0] + [-1.0] * (g - 3), dtype=f64) - 3 / g
+        s_bar[0], s_bar[1:3], s_bar[3:] = 0.02, 1.3 + 0.2 * s_bar[1:3], 0.5 + 0.2 * s_bar[3:]
+        return (s_bar, adv), "an Orth-Proj result below 0 (s̄ = 0.02 on an Â > 0 row)"
+    if kind == 3:
+        adv[torch.randperm(g, generator=gen)[: g // 2]] = 0.0
+        return (s_bar, adv), "rows with Â = 0"
+    pick = torch.arange(g) % 3  # identical completions: three rows repeated
+    return (s_bar[pick], adv[pick] - adv[pick].mean()), "identical completions (three rows repeated)"
 
 
 # %%
@@ -470,27 +595,25 @@ def my_min_replace_and_orth_proj(s_bar: torch.Tensor, adv: torch.Tensor) -> tupl
 
 # %%
 with check("5.1"):
-    # by hand: case 1 has Âᵀs̄ = 1.5·0.8 − 0.5·(1.2 + 0.9 + 1.0) = −0.35 and ‖Â‖² = 2.25 + 3·0.25 = 3,
-    # so Orth-Proj adds (0.35/3)·Â: +0.175 to completion 0, −0.35/6 to the others; case 2: Âᵀs̄ = 0.4, ‖Â‖² = 2
-    cases = [
-        ([1.5, -0.5, -0.5, -0.5], [0.8, 1.2, 0.9, 1.0], [0.8] * 4, [0.975, 1.2 - 0.35 / 6, 0.9 - 0.35 / 6, 1.0 - 0.35 / 6]),
-        ([1.0, -1.0], [1.2, 0.8], [0.8, 0.8], [1.0, 1.0]),
-    ]  # fmt: skip
-    for a, sb, want_mr, want_op in cases:
+    forbid(my_min_replace_and_orth_proj, why="write eq. (50) and eq. (18) with tensor operations")
+    for a, sb, want_mr, want_op in ex51:
         a_, sb_ = torch.tensor(a, dtype=f64), torch.tensor(sb, dtype=f64)
-        with switched_off(globals(), "min_replace"), switched_off(TRANSFORMS, *list(TRANSFORMS)):
-            got = my_min_replace_and_orth_proj(sb_, a_)
-        ensure(
-            isinstance(got, (tuple, list)) and len(got) == 2,
-            f"expected a pair (Min-Replace, Orth-Proj), got {got!r}",
-            "wrong type",
-        )
-        at = f"at Â = {a}, s̄ = {sb}"
+        got, at = my_min_replace_and_orth_proj(sb_, a_), f"at Â = {a}, s̄ = {sb}"
+        pair_of(got, at, ("Min-Replace", "Orth-Proj"))
         expect_close(got[0], torch.tensor(want_mr, dtype=f64), "Min-Replace's s̃ (eq. 50)", at=at)
         dot = float(a_ @ torch.as_tensor(got[1], dtype=f64))
         ensure(abs(dot) < 1e-9, f"Orth-Proj's s̃ {at}: Σ Â·s̃ = {dot:.4g}, not 0 (eq. 73). Orth-Proj removes the "
                "whole component of s̄ along Â: (Âᵀs̄ / ‖Â‖²)·Â, with the squared norm")  # fmt: skip
         expect_close(got[1], torch.tensor(want_op, dtype=f64), "Orth-Proj's s̃ (eq. 18)", at=at)
+
+    def reference(s_bar, adv):  # eq. (50) and eq. (18) with plain loops
+        smallest = min(float(v) for v in s_bar)
+        dot = sum(float(a) * float(v) for a, v in zip(adv, s_bar, strict=True))
+        norm2 = sum(float(a) ** 2 for a in adv)
+        orth = [float(v) - dot / norm2 * float(a) for a, v in zip(adv, s_bar, strict=True)]
+        return torch.full((len(s_bar),), smallest, dtype=f64), torch.tensor(orth, dtype=f64)
+
+    expect_cases(my_min_replace_and_orth_proj, reference, case_5_1, "s̃", compare=compare_5_1)
 
 # %% [markdown]
 # **Exercise 5.2 — the post-clip weights and the shrink factors.** For one group's sequence ratios
@@ -498,16 +621,53 @@ with check("5.1"):
 # return the pair ($\bar{\mathbf s}$, eq. 47; $\boldsymbol\varphi$ with $\varphi_i = \tilde s_i/\bar s_i$ for
 # Min-Replace), the factor by which DFPO's coefficients are the eq. 86 control's (section 4). Mind
 # which side of the clip applies to which sign of $\hat A$ ($\hat A = 0$ goes with $\hat A \ge 0$, as in eq. 47).
-# `sign_aware_clip` is switched off during the check.
 
 
 # %%
-# the check's second group, worked out by hand (ε = 0.2): its smallest ratio s = 0.5 has Â < 0 and is clipped up
-# to 0.8, so min s̄ = 0.7 (Â > 0, s below 1 − ε, kept) is not min s; Â = 0 takes min(s, c) like Â > 0
+# the check's groups, worked out by hand (ε = 0.2). Group 1: c = clip(s) = [1.2, 0.8, 1.0, 1.2, 0.8, 0.9];
+# min(s, c) for Â > 0, max(s, c) for Â < 0; s̃ = min s̄ = 0.5, so φ_i = 0.5 / s̄_i
+ex52_s = torch.tensor([1.5, 0.5, 1.0, 1.5, 0.5, 0.9], dtype=f64)
+ex52_adv = torch.tensor([1.0, 1.0, 1.0, -1.0, -1.0, -1.0], dtype=f64)
+ex52_s_bar = [1.2, 0.5, 1.0, 1.5, 0.8, 0.9]
+ex52_why = ["Â > 0 and s above 1 + ε: the clip binds", "Â > 0 and s below 1 − ε: min(s, c) = s, the clip only caps a "
+            "ratio that moved in the advantage's direction", "inside [1 − ε, 1 + ε]", "Â < 0 and s above 1 + ε: "
+            "max(s, c) = s, the clip only caps a ratio that moved in the advantage's direction",
+            "Â < 0 and s below 1 − ε: the clip binds", "inside [1 − ε, 1 + ε]"]  # fmt: skip
+ex52_phi = torch.tensor([0.5 / 1.2, 1.0, 0.5, 0.5 / 1.5, 0.5 / 0.8, 0.5 / 0.9], dtype=f64)
+# group 2: its smallest ratio s = 0.5 has Â < 0 and is clipped up to 0.8, so min s̄ = 0.7 (Â > 0, s below
+# 1 − ε, kept) is not min s; Â = 0 takes min(s, c) like Â > 0
 s2_ex = torch.tensor([0.7, 1.1, 0.5, 1.3, 1.5], dtype=f64)
 adv2_ex = torch.tensor([1.0, 0.0, -1.0, -1.0, 0.0], dtype=f64)
 s2_s_bar = torch.tensor([0.7, 1.1, 0.8, 1.3, 1.2], dtype=f64)
 s2_phi = torch.tensor([1.0, 0.7 / 1.1, 0.7 / 0.8, 0.7 / 1.3, 0.7 / 1.2], dtype=f64)  # φ_i = 0.7 / s̄_i
+
+
+def compare_5_2(got, want, what: str, at: str) -> None:
+    pair_of(got, at, ("s̄", "φ"))
+    expect_close(got[0], want[0], "s̄ (eq. 47)", at=at)
+    expect_close(got[1], want[1], "the shrink factors φ_i = s̃_i / s̄_i", at=at)
+
+
+# %%
+def case_5_2(gen: torch.Generator):
+    """A random group for the check: (s, Â, ε) and what it holds; the kinds come in turn."""
+    kind = gen.initial_seed() % 1000 % 5
+    g = int(torch.randint(3, 9, (1,), generator=gen))
+    eps = float(0.05 + 0.3 * torch.rand(1, generator=gen))  # not always 0.2
+    s = 0.3 + 1.4 * torch.rand(g, generator=gen, dtype=f64)
+    adv = torch.randn(g, generator=gen, dtype=f64)
+    if kind == 0:  # Â = 0 rows whose ratios sit outside the clip range, one above, one below
+        adv[:2], s[0], s[1] = 0.0, 1 + eps + 0.3, 1 - eps - 0.2
+        return (s, adv, eps), f"rows with Â = 0 and s outside [1 − ε, 1 + ε], ε = {eps:.3g}"
+    if kind == 1:  # the smallest raw ratio on an Â < 0 row: clipped up, so min s̄ is not min s
+        adv[0], s[0] = -abs(float(adv[0])) - 0.1, 0.1
+        return (s, adv, eps), f"the smallest s on an Â < 0 row, ε = {eps:.3g}"
+    if kind == 2:
+        return (s[:2], adv[:2], eps), f"a group with exactly two rows, ε = {eps:.3g}"
+    if kind == 3:
+        s = 1 + (2 * torch.rand(g, generator=gen, dtype=f64) - 1) * eps * 0.9
+        return (s, adv, eps), f"every s inside the clip range, ε = {eps:.3g}"
+    return (s, adv + 0.5, eps), f"Σ Â ≠ 0, ε = {eps:.3g}"
 
 
 # %%
@@ -520,30 +680,27 @@ def my_post_clip_and_shrink(
 
 # %%
 with check("5.2"):
-    s_ex = torch.tensor([1.5, 0.5, 1.0, 1.5, 0.5, 0.9], dtype=f64)
-    adv_ex = torch.tensor([1.0, 1.0, 1.0, -1.0, -1.0, -1.0], dtype=f64)
-    # by hand, ε = 0.2: c = clip(s) = [1.2, 0.8, 1.0, 1.2, 0.8, 0.9]; min(s, c) for Â > 0, max(s, c) for Â < 0
-    want_s_bar = [1.2, 0.5, 1.0, 1.5, 0.8, 0.9]
-    why = ["Â > 0 and s above 1 + ε: the clip binds", "Â > 0 and s below 1 − ε: min(s, c) = s, the clip only caps a "
-           "ratio that moved in the advantage's direction", "inside [1 − ε, 1 + ε]", "Â < 0 and s above 1 + ε: "
-           "max(s, c) = s, the clip only caps a ratio that moved in the advantage's direction",
-           "Â < 0 and s below 1 − ε: the clip binds", "inside [1 − ε, 1 + ε]"]  # fmt: skip
-    with switched_off(globals(), "sign_aware_clip"):
-        got, got2 = my_post_clip_and_shrink(s_ex, adv_ex, 0.2), my_post_clip_and_shrink(s2_ex, adv2_ex, 0.2)
-    ensure(
-        isinstance(got, (tuple, list)) and len(got) == 2, f"expected a pair (s̄, φ), got {got!r}", "wrong type"
-    )
+    forbid(my_post_clip_and_shrink, why="write eq. (47) and φ with tensor operations")
+    got, got2 = my_post_clip_and_shrink(ex52_s, ex52_adv, 0.2), my_post_clip_and_shrink(s2_ex, adv2_ex, 0.2)
+    pair_of(got, "", ("s̄", "φ"))
     shape = tuple(got[0].shape) if isinstance(got[0], torch.Tensor) else type(got[0]).__name__
     ensure(shape == (6,), f"s̄: expected a tensor of shape (6,), got {shape}", "wrong shape")
-    for i, (want, note) in enumerate(zip(want_s_bar, why, strict=True)):
-        expect_close(got[0][i], want, f"s̄ of completion {i}", at=f"(s = {float(s_ex[i])}, {note})")
-    # Min-Replace: s̃ = min s̄ = 0.5 everywhere, so φ_i = 0.5 / s̄_i
-    want_phi = torch.tensor([0.5 / 1.2, 1.0, 0.5, 0.5 / 1.5, 0.5 / 0.8, 0.5 / 0.9], dtype=f64)
-    expect_close(got[1], want_phi, "the shrink factors φ_i = s̃_i / s̄_i", at="(s̃_i = min_j s̄_j = 0.5)")
+    for i, (want, note) in enumerate(zip(ex52_s_bar, ex52_why, strict=True)):
+        expect_close(got[0][i], want, f"s̄ of completion {i}", at=f"(s = {float(ex52_s[i])}, {note})")
+    expect_close(got[1], ex52_phi, "the shrink factors φ_i = s̃_i / s̄_i", at="(s̃_i = min_j s̄_j = 0.5)")
     at2 = f"at s = {s2_ex.tolist()}, Â = {adv2_ex.tolist()}"
     expect_close(got2[0], s2_s_bar, "s̄", at=at2 + " (Â = 0 takes min(s, c), as Â ≥ 0 does)")
     reject(got2[1], 0.5 / s2_s_bar, f"φ {at2}: your numerator is the smallest raw ratio, min_j s_j = 0.5 (Â < 0, clipped up to s̄ = 0.8); Min-Replace's s̃ is the smallest post-clip weight, min_j s̄_j = 0.7")  # fmt: skip
     expect_close(got2[1], s2_phi, "the shrink factors φ_i = s̃_i / s̄_i", at=at2 + " (s̃_i = min_j s̄_j = 0.7)")
+
+    def reference(s, adv, epsilon):  # eq. (47) and φ_i = min_j s̄_j / s̄_i with plain loops
+        s_bar = []
+        for si, ai in zip(s.tolist(), adv.tolist(), strict=True):
+            c = min(max(si, 1 - epsilon), 1 + epsilon)
+            s_bar.append(min(si, c) if ai >= 0 else max(si, c))
+        return torch.tensor(s_bar, dtype=f64), torch.tensor([min(s_bar) / v for v in s_bar], dtype=f64)
+
+    expect_cases(my_post_clip_and_shrink, reference, case_5_2, "(s̄, φ)", compare=compare_5_2)
 
 # %% [markdown]
 # **Exercise 5.3 — the paper's estimator.** Write DFPO's per-token coefficients
@@ -551,12 +708,25 @@ with check("5.2"):
 # for one group: `log_ratio` is $\log r_{i,t} = \log\pi_\theta - \log\pi_\text{old}$ `(G, T)`, `mask` marks
 # each completion's $|y_i|$ tokens, $\varepsilon$ is both clip sides. Every completion, clipped or not,
 # gets $\tilde s_i\hat A_i/(G\,|y_i|)$ on each of its tokens, 0 on padding; $s_i$ is the geometric mean of
-# its token ratios (eq. 44).
+# its token ratios (eq. 44). Write the coefficients with tensor operations, not by autograd.
 
 
 # %%
-# two more groups for the check (ε = 0.2, Â = [1, 0.5, −0.5, −1]), worked out by hand: completion i's tokens
-# get s̃·Â_i/(4·|y_i|); in both the smallest s̄ is completion 0's own unclipped s, so s̃ is that s
+# the check's groups, worked out by hand (ε = 0.2). Group 1, Â = [0.5, 0.5, 0.5, −1.5]: mean log r = [0.4, 0.05,
+# 0.05, −1/3] (completion 1 has 2 tokens; its padding's 9.9 is no token), s = [1.492, 1.051, 1.051, 0.717],
+# s̄ = [1.2 (clipped), 1.051, 1.051, 0.8 (clipped)], s̃ = min s̄ = 0.8 for all, c = 0.8·Â_i / (4·|y_i|)
+ex53 = {
+    "lr": torch.tensor([[0.1, 0.6, 0.5], [0.1, 0.0, 9.9], [0.1, 0.1, -0.05], [0.1, -0.8, -0.3]], dtype=f64),
+    "mask": torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 1], [1, 1, 1]], dtype=f64),
+    "adv": torch.tensor([0.5, 0.5, 0.5, -1.5], dtype=f64),
+    "want": torch.tensor([[0.4 / 12] * 3, [0.4 / 8, 0.4 / 8, 0.0], [0.4 / 12] * 3, [-1.2 / 12] * 3], dtype=f64),
+    "why": ["s = e^0.4 clipped to s̄ = 1.2: it keeps its gradient, scaled by s̃ = min s̄ = 0.8, not by s̄",
+            "|y_1| = 2 tokens, so each gets s̃Â/(G·2); its padding gets 0",
+            "not clipped, s̄ = e^0.05, but every completion is scaled by the same s̃ = 0.8",
+            "Â < 0, s = e^(−1/3) clipped up to s̄ = 0.8: it keeps its gradient, s̃Â/(G·3)"],
+}  # fmt: skip
+# two more groups (Â = [1, 0.5, −0.5, −1]): completion i's tokens get s̃·Â_i/(4·|y_i|); in both the smallest s̄
+# is completion 0's own unclipped s, so s̃ is that s
 dfpo_adv = torch.tensor([1.0, 0.5, -0.5, -1.0], dtype=f64)
 # group 2: mean log r = [−0.3, 0.1, 0, 0.3]; s = e^(−0.3) ≈ 0.741 (Â > 0, below 1 − ε) keeps min(s, c) = s
 lr2_ex = torch.tensor([[-0.3, -0.3, -0.3], [0.1, 0.1, 0.0], [0.0, 0.0, 0.0], [0.2, 0.4, 0.3]], dtype=f64)
@@ -567,6 +737,9 @@ unit2 = torch.tensor([[1 / 12] * 3, [0.5 / 8] * 2 + [0.0], [-0.5 / 12] * 3, [-1 
 lr3_ex = torch.tensor([[-0.1, -0.1, -0.1], [0.0, 0.1, 0.2], [0.05, 0.05, -9.9], [0.1, 0.0, 0.2]], dtype=f64)
 mask3_ex = torch.tensor([[1, 1, 1], [1, 1, 1], [1, 1, 0], [1, 1, 1]], dtype=f64)
 unit3 = torch.tensor([[1 / 12] * 3, [0.5 / 12] * 3, [-0.5 / 8] * 2 + [0.0], [-1 / 12] * 3], dtype=f64)
+
+
+# %%
 dfpo_more = [  # (log r, mask, Â_i/(G·|y_i|) per token, s̃, the case, [(s̃ a known slip gives, what it is)])
     (lr2_ex, mask2_ex, unit2, 0.7408182206817179, "for group 2 (s̃ = min s̄ = completion 0's s = e^(−0.3))", [
         (0.8, "s̄ of completion 0 (s = e^(−0.3) ≈ 0.741, Â > 0) is s itself: eq. (47) takes min(s, c) for Â ≥ 0, "
@@ -581,6 +754,33 @@ dfpo_more = [  # (log r, mask, Â_i/(G·|y_i|) per token, s̃, the case, [(s̃ a
 
 
 # %%
+def case_5_3(gen: torch.Generator):
+    """A random group for the check: (log r, Â, mask, ε) and what it holds; the kinds come in turn."""
+    kind = gen.initial_seed() % 1000 % 7
+    g, t_max = (int(n) for n in torch.randint(3, 7, (2,), generator=gen))
+    eps = float(0.05 + 0.3 * torch.rand(1, generator=gen))
+    lengths = torch.randint(1, t_max + 1, (g,), generator=gen)
+    mask = (torch.arange(t_max)[None, :] < lengths[:, None]).to(f64)
+    lr = torch.where(mask.bool(), 0.4 * torch.randn(g, t_max, generator=gen, dtype=f64), -5.0)  # padding: −5
+    adv = torch.randn(g, generator=gen, dtype=f64)
+    adv = adv - adv.mean() + (0.4 if kind == 1 else 0.0)  # Σ Â ≠ 0 in kind 1
+    if kind == 2:
+        lr, adv, mask = lr[:2], adv[:2], mask[:2]
+    elif kind in (3, 6):  # row 0 holds the smallest ratio e^(−1): Â < 0 (clipped up), or Â = 0 (kept)
+        lr[0] = torch.where(mask[0].bool(), -1.0, -5.0)
+        adv[0] = -abs(float(adv[0])) - 0.1 if kind == 3 else 0.0
+    elif kind == 4:  # a one-token completion with Â > 0 holds the smallest ratio
+        mask[0], lr[0, 0], adv[0] = torch.tensor([1.0] + [0.0] * (t_max - 1)), -1.0, abs(float(adv[0])) + 0.1
+    elif kind == 5:  # identical completions: two rows repeated
+        pick = torch.arange(g) % 2
+        lr, adv, mask = lr[pick], torch.tensor([0.5, -0.5], dtype=f64)[pick], mask[pick]
+    what = ["padding with log r = −5, unequal lengths", "Σ Â ≠ 0", "exactly two completions", "the smallest s on an "
+            "Â < 0 row (clipped up)", "a one-token completion with Â > 0 and the smallest s", "identical completions "
+            "(two rows repeated)", "an Â = 0 row with the smallest s (below 1 − ε)"][kind]  # fmt: skip
+    return (lr, adv, mask, eps), f"{what}, ε = {eps:.3g}, lengths {mask.sum(-1).long().tolist()}"
+
+
+# %%
 def my_dfpo_coefficients(
     log_ratio: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, epsilon: float
 ) -> torch.Tensor:
@@ -590,25 +790,24 @@ def my_dfpo_coefficients(
 
 # %%
 with check("5.3"):
-    lr_ex = torch.tensor([[0.1, 0.6, 0.5], [0.1, 0.0, 9.9], [0.1, 0.1, -0.05], [0.1, -0.8, -0.3]], dtype=f64)
-    mask_ex = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 1], [1, 1, 1]], dtype=f64)  # completion 1: 2 tokens
-    adv_ex = torch.tensor([0.5, 0.5, 0.5, -1.5], dtype=f64)
-    # by hand: mean log r = [0.4, 0.05, 0.05, −1/3], s = [1.492, 1.051, 1.051, 0.717],
-    # s̄ = [1.2 (clipped), 1.051, 1.051, 0.8 (clipped)], s̃ = min s̄ = 0.8 for all, c = 0.8·Â_i / (4·|y_i|)
-    want = torch.tensor([[0.4 / 12] * 3, [0.4 / 8, 0.4 / 8, 0.0], [0.4 / 12] * 3, [-1.2 / 12] * 3], dtype=f64)
-    why = ["s = e^0.4 clipped to s̄ = 1.2: it keeps its gradient, scaled by s̃ = min s̄ = 0.8, not by s̄",
-           "|y_1| = 2 tokens, so each gets s̃Â/(G·2); its padding gets 0",
-           "not clipped, s̄ = e^0.05, but every completion is scaled by the same s̃ = 0.8",
-           "Â < 0, s = e^(−1/3) clipped up to s̄ = 0.8: it keeps its gradient, s̃Â/(G·3)"]  # fmt: skip
-    got = my_dfpo_coefficients(lr_ex, adv_ex, mask_ex, 0.2)
-    shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
-    ensure(
-        shape == (4, 3), f"the coefficients: expected a tensor of shape (4, 3), got {shape}", "wrong shape"
-    )
-    for i, note in enumerate(why):
-        expect_close(got[i], want[i], f"the coefficients of completion {i}", at=f"({note})")
+    forbid(my_dfpo_coefficients, refused=("backward", "autograd"), why="write eq. (68) yourself")
+    got = my_dfpo_coefficients(ex53["lr"], ex53["adv"], ex53["mask"], 0.2)
+    ensure(isinstance(got, torch.Tensor) and got.shape == (4, 3), f"the coefficients: expected a tensor of shape (4, 3), got {tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__}", "wrong shape")  # fmt: skip
+    for i, note in enumerate(ex53["why"]):
+        expect_close(got[i], ex53["want"][i], f"the coefficients of completion {i}", at=f"({note})")
     for lr_, mask_, unit, s_tilde, case, slips in dfpo_more:  # the cell before the exercise
         got = my_dfpo_coefficients(lr_, dfpo_adv, mask_, 0.2)
         for s_slip, message in slips:
             reject(got, s_slip * unit, message)
         expect_close(got, s_tilde * unit, "the coefficients", at=case)
+
+    def reference(log_ratio, adv, mask, epsilon):  # eq. (44), (47), (50), (68) with plain loops
+        g, a = len(adv), adv.tolist()
+        logs = [[float(x) for x, m in zip(log_ratio[i], mask[i], strict=True) if m] for i in range(g)]
+        s = [math.exp(sum(row) / len(row)) for row in logs]  # eq. (44) over each completion's real tokens
+        c = [min(max(v, 1 - epsilon), 1 + epsilon) for v in s]
+        s_tilde = min(min(v, cv) if ai >= 0 else max(v, cv) for v, cv, ai in zip(s, c, a, strict=True))
+        rows = [[s_tilde * a[i] / (g * len(logs[i])) if m else 0.0 for m in mask[i]] for i in range(g)]
+        return torch.tensor(rows, dtype=f64)  # s̃·Â_i/(G·|y_i|) on every real token, 0 on padding
+
+    expect_cases(my_dfpo_coefficients, reference, case_5_3, "the coefficients")

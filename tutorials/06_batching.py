@@ -34,7 +34,7 @@ import statistics
 
 import plotly.io as pio
 import torch
-from exercise_check import check, ensure, expect_close, expect_equal, number  # the exercises' checks
+from exercise_check import check, ensure, expect_cases, expect_close, expect_equal, forbid, number  # checks
 from show import report_rows, table  # tables, and quotes of experiments/REPORT.md
 
 from app.figures import curve_figure  # the app's mean ± 1 std seed curves, one colour per arm (ARM_COLORS)
@@ -297,9 +297,12 @@ report_rows("toy_batching", "reward-balanced")
 # ## Exercises
 #
 # Write the body of each `my_*` function (until you do, it raises `NotImplementedError`), run its
-# cell, then run the check cell below it: it prints ✓ or says what is missing or wrong. The checks
-# compare with answers worked out by hand (in their comments). A worked solution is in
-# `tutorials/solutions/06_batching.py`; try first.
+# cell, then run the check cell below it: it prints ✓ or says what is missing or wrong. Each check
+# first compares with answers worked out by hand (in its comments), then runs your function on 20
+# random batches (fresh every run; the seed is printed when one fails, `TUTORIAL_CHECK_SEED=<seed>`
+# reruns them) against its own plain-loop count: Σ Â ≠ 0, Â = 0 rows, groups of two, ρ on the
+# boundary. An answer that calls the library or reads the notebook's variables is refused. A worked
+# solution is in `tutorials/solutions/06_batching.py`; try first.
 #
 # **Exercise 6.1 — break cancellation on purpose.** The paper verifies the failure mode by splitting
 # the batch **by advantage sign**: all $\hat A > 0$ completions of the batch, whatever their group, in
@@ -317,6 +320,45 @@ group_ex = torch.arange(3).repeat_interleave(4)
 split_ex = [[0, 2, 8], [1, 3, 4, 5, 6, 7, 9, 10, 11]]
 
 
+def compare_6_1(got, want, what: str, at: str) -> None:
+    ensure(isinstance(got, (list, tuple)) and all(isinstance(p, torch.Tensor) for p in got),
+           f"expected a list of index tensors {at}, got {type(got).__name__}", "wrong type")  # fmt: skip
+    ensure(all(p.ndim == 1 for p in got), f"index tensors of shapes {[tuple(p.shape) for p in got]} {at}: expected "
+           "1-D tensors of indices (torch.nonzero returns a (k, 1) tensor: flatten it)", "wrong shape")  # fmt: skip
+    per_group = all(len(set(group_ex[p].tolist())) == 1 for p in got) if at.startswith("for") else False
+    ensure(len(got) == 2, f"{len(got)} mini-batches: a split by sign has exactly 2, every Â > 0 completion of the "
+           "batch in the first and the rest in the second"
+           + (" (yours keep one group per mini-batch: the split by sign mixes the groups)" if per_group else "")
+           + f", an empty one included ({at})")  # fmt: skip
+    expect_equal(sorted(got[0].tolist()), want[0], "the first mini-batch (Â > 0)", at=at)
+    expect_equal(sorted(got[1].tolist()), want[1], "the second mini-batch (Â ≤ 0, Â = 0 included)", at=at)
+
+
+# %%
+def case_6_1(gen: torch.Generator):
+    """A random batch for the check: (Â, group) and what it holds; the kinds come in turn."""
+    kind = gen.initial_seed() % 1000 % 5  # expect_cases seeds its case i with seed·1000 + i
+    sizes = torch.randint(2, 6, (int(torch.randint(2, 5, (1,), generator=gen)),), generator=gen)
+    group = torch.repeat_interleave(torch.arange(len(sizes)), sizes)
+    adv = torch.randn(len(group), generator=gen, dtype=f64)
+    if kind == 0:  # Σ Â > 0 with some 0 < Â < mean: a split at the batch's mean is not a split at 0
+        adv = adv.abs() * torch.where(torch.rand(len(adv), generator=gen) < 0.7, 1.0, -0.2).to(f64)
+        adv[0], adv[-1] = 0.05, 3.0
+        return (adv, group), f"Σ Â = {float(adv.sum()):.3g} ≠ 0, groups of sizes {sizes.tolist()}"
+    if kind == 1:  # a whole group with Â = 0 (all-equal rewards) and another Â = 0 row
+        adv[group == 0], adv[-1] = 0.0, 0.0
+        return (
+            adv,
+            group,
+        ), f"a group of all-equal rewards (Â = 0) and another Â = 0 row, sizes {sizes.tolist()}"
+    if kind == 2:  # groups of exactly two rows, their rows interleaved
+        group = (torch.arange(len(group)) // 2)[torch.randperm(len(group), generator=gen)]
+        return (adv, group), "groups of exactly two rows, their rows interleaved"
+    if kind == 3:
+        return (-adv.abs(), group), "no Â > 0 completion (the first index tensor is empty)"
+    return (adv, group.flip(0)), f"groups of sizes {sizes.tolist()}, listed from the last"
+
+
 # %%
 def my_sign_split(adv: torch.Tensor, group: torch.Tensor) -> list[torch.Tensor]:
     """[indices with Â > 0, indices with Â ≤ 0] of the whole batch."""
@@ -325,25 +367,19 @@ def my_sign_split(adv: torch.Tensor, group: torch.Tensor) -> list[torch.Tensor]:
 
 # %%
 with check("6.1"):
-    parts = my_sign_split(adv_ex, group_ex)
-    ensure(isinstance(parts, (list, tuple)) and all(isinstance(p, torch.Tensor) for p in parts),
-           f"expected a list of index tensors, got {type(parts).__name__}", "wrong type")  # fmt: skip
-    ensure(all(p.ndim == 1 for p in parts), f"index tensors of shapes {[tuple(p.shape) for p in parts]}: expected "
-           "1-D tensors of indices (torch.nonzero returns a (k, 1) tensor: flatten it)", "wrong shape")  # fmt: skip
-    per_group = all(len(set(group_ex[p].tolist())) == 1 for p in parts)
-    ensure(len(parts) == 2, f"{len(parts)} mini-batches: a split by sign has exactly 2, every Â > 0 "
-           "completion of the batch in the first and the rest in the second"
-           + (" (yours keep one group per mini-batch: the split by sign mixes the groups)" if per_group else ""))  # fmt: skip
-    at = f"for Â = {adv_ex.tolist()}"
-    expect_equal(sorted(parts[0].tolist()), split_ex[0], "the first mini-batch (Â > 0)", at=at)
-    expect_equal(
-        sorted(parts[1].tolist()), split_ex[1], "the second mini-batch (Â ≤ 0, Â = 0 included)", at=at
-    )
+    forbid(my_sign_split, why="split by the sign of Â with tensor operations")
+    compare_6_1(my_sign_split(adv_ex, group_ex), split_ex, "the split", f"for Â = {adv_ex.tolist()}")
     expect_close(
         first_epoch_residual(my_sign_split(adv, group)),
         1.0,
         "the first-epoch whole-group residual of your split",
     )
+
+    def reference(adv, group):  # a plain loop over the batch
+        pos = [i for i in range(len(adv)) if float(adv[i]) > 0]
+        return [pos, [i for i in range(len(adv)) if i not in pos]]
+
+    expect_cases(my_sign_split, reference, case_6_1, "the split", compare=compare_6_1)
 
 # %% [markdown]
 # **Exercise 6.2 — the balance condition.** Write `my_balance(adv, rho)` returning, for one update
@@ -354,6 +390,45 @@ with check("6.1"):
 
 
 # %%
+ex62 = [  # the check's batches, by hand: (Â, ρ) -> (N_pos/|B|, N_neg/|B|, verdict)
+    ([1.0, 1.0, -1.0, -1.0], 0.5, (0.5, 0.5, True)),
+    ([0.0, 0.0, 0.5, -0.5], 0.3, (0.25, 0.25, False)),  # two Â = 0: 1 positive and 1 negative of 4
+    ([0.0] * 4 + [0.87, -0.87, 0.87, -0.87], 0.25, (0.25, 0.25, True)),
+    ([1.5, -0.5, -0.5, -0.5], 0.25, (0.25, 0.75, True)),
+    ([1.5, -0.5, -0.5, -0.5], 0.3, (0.25, 0.75, False)),
+    ([0.5, 0.5, 0.5, -1.5], 0.3, (0.75, 0.25, False)),  # N_pos/|B| ≥ ρ, N_neg/|B| < ρ
+]
+
+
+def compare_6_2(got, want, what: str, at: str) -> None:
+    ensure(isinstance(got, (tuple, list)) and len(got) == 3,
+           f"expected (pos. fraction, neg. fraction, verdict) {at}, got {got!r}", "wrong type")  # fmt: skip
+    expect_close(number(got[0], "N_pos/|B|"), want[0], "N_pos/|B|", at=at)
+    expect_close(number(got[1], "N_neg/|B|"), want[1], "N_neg/|B|", at=at)
+    expect_equal(got[2], want[2], "the verdict", at=at)
+
+
+# %%
+def case_6_2(gen: torch.Generator):
+    """A random batch for the check: (Â, ρ) and what it holds; the kinds come in turn."""
+    kind = gen.initial_seed() % 1000 % 5
+    b = [4, 8, 16][int(torch.randint(0, 3, (1,), generator=gen))]  # fractions k/b are exact in float32 too
+    adv = torch.randn(b, generator=gen, dtype=f64)
+    if kind == 0:
+        adv[torch.randperm(b, generator=gen)[: b // 2]] = 0.0
+        return (adv, 0.2), f"{b} rows, half of them Â = 0 (neither sign, but in |B|), ρ = 0.2"
+    if kind == 1:  # ρ exactly the smaller fraction: ≥ holds
+        rho = min(int((adv > 0).sum()), int((adv < 0).sum())) / b
+        return (adv, rho), f"ρ = {rho}, exactly the smaller fraction (≥ holds), {b} rows"
+    if kind in (2, 3):  # one row of one sign, the rest of the other: Σ Â ≠ 0
+        adv = adv.abs() * (1 if kind == 2 else -1)
+        adv[0] = -1.0 if kind == 2 else 1.0
+        return (adv, 0.25), f"one Â {'<' if kind == 2 else '>'} 0 row of {b} (Σ Â ≠ 0), ρ = 0.25"
+    rho = float(torch.rand(1, generator=gen)) * 0.5
+    return (adv, rho), f"{b} random Â, ρ = {rho:.3g}"
+
+
+# %%
 def my_balance(adv: torch.Tensor, rho: float) -> tuple[float, float, bool]:
     """(N_pos / |B|, N_neg / |B|, both ≥ ρ) for one update batch (cancellation-hypothesis paper, Sec. 4)."""
     raise NotImplementedError("Exercise 6.2: replace this line with your code")
@@ -361,24 +436,16 @@ def my_balance(adv: torch.Tensor, rho: float) -> tuple[float, float, bool]:
 
 # %%
 with check("6.2"):
-    # by hand: (Â, ρ) -> (N_pos/|B|, N_neg/|B|, verdict)
-    cases = [
-        ([1.0, 1.0, -1.0, -1.0], 0.5, (0.5, 0.5, True)),
-        ([0.0, 0.0, 0.5, -0.5], 0.3, (0.25, 0.25, False)),  # two Â = 0: 1 positive and 1 negative of 4
-        ([0.0] * 4 + [0.87, -0.87, 0.87, -0.87], 0.25, (0.25, 0.25, True)),
-        ([1.5, -0.5, -0.5, -0.5], 0.25, (0.25, 0.75, True)),
-        ([1.5, -0.5, -0.5, -0.5], 0.3, (0.25, 0.75, False)),
-        ([0.5, 0.5, 0.5, -1.5], 0.3, (0.75, 0.25, False)),  # N_pos/|B| ≥ ρ, N_neg/|B| < ρ
-    ]
-    for a, rho, (pos, neg, ok) in cases:
+    forbid(my_balance, why="count the signs with tensor operations")
+    for a, rho, want in ex62:
         at = f"at Â = {a}, ρ = {rho}" + (" (Â = 0 is neither sign, but counts in |B|)" if 0.0 in a else "")
-        got = my_balance(torch.tensor(a, dtype=f64), rho)
-        ensure(
-            isinstance(got, (tuple, list)) and len(got) == 3,
-            f"expected (pos. fraction, neg. fraction, verdict), got {got!r}",
-            "wrong type",
+        at += (
+            " (N_pos/|B| ≥ ρ but N_neg/|B| < ρ: the condition needs both)" if want[0] >= rho > want[1] else ""
         )
-        expect_close(number(got[0], "N_pos/|B|"), pos, "N_pos/|B|", at=at)
-        expect_close(number(got[1], "N_neg/|B|"), neg, "N_neg/|B|", at=at)
-        both = " (N_pos/|B| ≥ ρ but N_neg/|B| < ρ: the condition needs both)" if pos >= rho > neg else ""
-        expect_equal(got[2], ok, "the verdict", at=at + both)
+        compare_6_2(my_balance(torch.tensor(a, dtype=f64), rho), want, "the balance", at)
+
+    def reference(adv, rho):  # a plain count
+        n_pos, n_neg = sum(1 for a in adv.tolist() if a > 0), sum(1 for a in adv.tolist() if a < 0)
+        return n_pos / len(adv), n_neg / len(adv), n_pos / len(adv) >= rho and n_neg / len(adv) >= rho
+
+    expect_cases(my_balance, reference, case_6_2, "the balance", compare=compare_6_2)

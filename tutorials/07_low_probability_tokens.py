@@ -29,7 +29,7 @@ import statistics
 import plotly.graph_objects as go
 import plotly.io as pio
 import torch
-from exercise_check import check, expect_close, number  # the exercises' check cells
+from exercise_check import check, expect_cases, expect_close, forbid, number, reject  # the exercises' checks
 from show import report_rows, table  # tables, and quotes of experiments/REPORT.md
 
 from app.figures import ARM_COLORS, PALETTE  # one colour per arm (as in every tutorial); the palette
@@ -260,48 +260,158 @@ report_rows("toy_low_prob", "Lopti")
 # ## Exercises
 #
 # Write the body of each `my_*` function (until you do, it raises `NotImplementedError`), run its
-# cell, then run the check cell below it: it prints ✓ or says what is missing or wrong. A worked
-# solution is in `tutorials/solutions/07_low_probability_tokens.py`; try first.
+# cell, then run the check cell below it: it prints ✓ or says what is missing or wrong. Each check
+# first compares with answers worked out by hand (in its comments), then runs your function on 20
+# random cases (fresh every run; the seed is printed when one fails, `TUTORIAL_CHECK_SEED=<seed>`
+# reruns them) against its own computation. An answer that calls the library or reads the notebook's
+# variables is refused: everything it needs comes in as arguments. A worked solution is in
+# `tutorials/solutions/07_low_probability_tokens.py`; try first.
 #
-# **Exercise 7.1 — a whole completion's lever by autograd.** Write `my_sequence_score_norm(i)`
-# returning $\lVert\nabla_\theta\log\pi(y^{(i)})\rVert$, the norm of the gradient of sampled completion
-# $i$'s log-probability $\sum_t\log\pi(a_t^{(i)}\mid h_t^{(i)})$ with respect to the whole logit table
-# $\theta$, by autograd through `policy.token_logp` (the library has no call for it). The check works
-# it out by hand: in this toy every position is its own context, so the tokens' gradients sit in
-# different rows of $\theta$, and the squared norm is the sum of the tokens' $\lVert e_a - \pi\rVert^2$.
+# **Exercise 7.1 — a whole completion's lever by autograd.** Write
+# `my_sequence_score_norm(token_logp, theta, mask)` returning $\lVert\nabla_\theta\log\pi(y)\rVert$, the
+# norm of the gradient of one completion's log-probability $\sum_t\log\pi(a_t\mid h_t)$ with respect to
+# the whole logit table $\theta$, by autograd: `token_logp(z)` returns the completion's `(T,)` token
+# log-probabilities at logits `z` (on the toy, `policy.token_logp(z, idx[i : i + 1])[0]`), and `mask`
+# `(T,)` marks its real tokens (what `token_logp` gives at a padding position is no token's). The
+# library has no call for it. The check works the toy's completions out by hand: every position of
+# the toy is its own context, so the tokens' gradients sit in different rows of $\theta$ and the
+# squared norm is the sum of the tokens' $\lVert e_a - \pi\rVert^2$. Its random tables can visit a
+# context twice.
 
 
 # %%
-def my_sequence_score_norm(i: int) -> float:
-    """‖∇_θ Σ_t log π(a_t | h_t)‖ for completion idx[i] at θ, by autograd through `policy.token_logp`."""
+# the check by hand: ‖e_a − π‖² = (1 − π_a)² + Σ_{k≠a} π_k² in the toy's rows at θ: template 0.7 / 0.2 / 0.1,
+# deciding token 0.3 / 0.35 / 0.35, forced <eos> 1 (a zero gradient); keyed by the token's π
+SQ = {0.7: 0.3**2 + 0.2**2 + 0.1**2, 0.2: 0.8**2 + 0.7**2 + 0.1**2, 0.1: 0.9**2 + 0.7**2 + 0.2**2,
+      0.3: 0.7**2 + 0.35**2 + 0.35**2, 0.35: 0.65**2 + 0.3**2 + 0.35**2, 1.0: 0.0}  # fmt: skip
+
+
+def as_number(got, want, what: str, at: str, atol: float = 1e-12) -> None:
+    """The check's comparison of a number (a float, or a one-element tensor of any float dtype)."""
+    expect_close(number(got, what), want, what, at=at, atol=atol)
+
+
+def toy_logp(i: int):
+    """Completion i's token log-probabilities as a function of the logits z (the toy's, for the check)."""
+    return lambda z: policy.token_logp(z, idx[i : i + 1])[0]
+
+
+# %%
+def case_7_1(gen: torch.Generator):
+    """A random tabular policy for the check: (token_logp, θ, mask) and what it holds; the kinds in turn."""
+    kind = gen.initial_seed() % 1000 % 4  # expect_cases seeds its case i with seed·1000 + i
+    n_ctx, n_act, t_max = (
+        int(torch.randint(lo, hi, (1,), generator=gen)) for lo, hi in ((3, 6), (2, 5), (3, 7))
+    )
+    theta_ = 1.5 * torch.randn(n_ctx, n_act, generator=gen, dtype=f64)
+    ctx = torch.randperm(n_ctx, generator=gen).repeat(3)[:t_max]  # one context per position (while they last)
+    act = torch.randint(0, n_act, (t_max,), generator=gen)
+    mask_ = torch.ones(t_max, dtype=f64)
+    if kind == 1:
+        ctx = torch.randint(0, 2, (t_max,), generator=gen)
+    elif kind == 2:
+        mask_[t_max // 2 :] = 0.0
+    elif kind == 3:
+        theta_[ctx[0], act[0]] += 12.0
+
+    def token_logp(z, ctx=ctx, act=act):  # the case's policy: one softmax row per context
+        return torch.log_softmax(z, -1)[ctx, act]
+
+    token_logp.ctx, token_logp.act = ctx, act  # for the check's reference only
+    what = ["every token in its own context", "tokens that share a context (their gradients add in one row)",
+            "padding after the first half (token_logp still returns a log π there)", "a token with π ≈ 1"][kind]  # fmt: skip
+    return (token_logp, theta_, mask_), f"{what}, T = {t_max}, {n_ctx} contexts × {n_act} tokens"
+
+
+# %%
+def my_sequence_score_norm(token_logp, theta: torch.Tensor, mask: torch.Tensor) -> float:
+    """‖∇_θ Σ_t mask_t · log π(a_t | h_t)‖ at θ, by autograd through `token_logp`."""
     raise NotImplementedError("Exercise 7.1: replace this line with your code")
 
 
 # %%
 with check("7.1"):
-    # by hand, ‖e_a − π‖² = (1 − π_a)² + Σ_{k≠a} π_k² in the toy's rows at θ: template 0.7 / 0.2 / 0.1,
-    # deciding token 0.3 / 0.35 / 0.35, forced <eos> 1 (a zero gradient); keyed by the token's π
-    SQ = {0.7: 0.3**2 + 0.2**2 + 0.1**2, 0.2: 0.8**2 + 0.7**2 + 0.1**2, 0.1: 0.9**2 + 0.7**2 + 0.2**2,
-          0.3: 0.7**2 + 0.35**2 + 0.35**2, 0.35: 0.65**2 + 0.3**2 + 0.35**2, 1.0: 0.0}  # fmt: skip
+    forbid(my_sequence_score_norm, allow=("backward", "autograd"), why="differentiate with autograd")
     for i in (0, 1, 2, 17, 31):
         pis = [round(p, 2) for p in old_logp[i].exp()[mask[i].bool()].tolist()]
+        got = number(my_sequence_score_norm(toy_logp(i), theta, mask[i]), "the norm")
         want = math.sqrt(sum(SQ[p] for p in pis))
-        got = number(my_sequence_score_norm(i), "the norm")
         expect_close(got, want, "‖∇_θ log π(y_i)‖", at=f"for completion {i} (its tokens' π: {pis})")
 
+    def reference(
+        token_logp, theta, mask
+    ):  # ∇_z log softmax(z)_a = e_a − π in the token's row, added per row
+        grad = [[0.0] * theta.shape[1] for _ in range(theta.shape[0])]
+        for t in (t for t in range(len(mask)) if mask[t]):
+            c, a = int(token_logp.ctx[t]), int(token_logp.act[t])
+            z = [math.exp(float(v)) for v in theta[c]]
+            for k in range(len(z)):
+                grad[c][k] += (k == a) - z[k] / sum(z)
+        return math.sqrt(sum(v * v for row in grad for v in row))
+
+    expect_cases(my_sequence_score_norm, reference, case_7_1, "‖∇_θ log π(y)‖", compare=as_number)
+
 # %% [markdown]
-# **Exercise 7.2 — reading the AR factor.** At which old probability does Advantage Reweighting with
-# a given α keep exactly 90 % of a token's advantage? Solve $\alpha\,\pi_\text{old} + (1-\alpha) = 0.9$.
+# **Exercise 7.2 — where AR puts the longest lever.** Section 1 gave a token's lever, the size of its
+# score, as about $(1-\pi)$; Advantage Reweighting (section 3) multiplies its advantage by
+# $\alpha\pi_\text{old} + (1-\alpha)$. So at $\theta = \theta_\text{old}$ a token's share of the update,
+# per unit $|\hat A|$, is about $f(\pi) = (\alpha\pi + 1 - \alpha)(1 - \pi)$. Write
+# `my_lever_peak(alpha)` returning the probability $\pi \in [0, 1]$ at which $f$ is largest, for any
+# $\alpha \in [0, 1]$. Then read your answer: up to which α do the rarest tokens still carry the longest
+# lever, and is the Lopti paper's α = 0.2 beyond it?
 
 
 # %%
-def my_pi_for_90_percent(alpha: float) -> float:
-    """π_old with α·π_old + (1 − α) = 0.9."""
+# the check by hand: f(π) = (1 − α) + (2α − 1)π − απ², a parabola opening down (α > 0) with its top at
+# π* = (2α − 1)/(2α): at α = 0.75 that is 1/3, at α = 1 it is 1/2 (f = π(1 − π)); for α ≤ 1/2 the top is at
+# π* ≤ 0, so on [0, 1] f only falls and its largest value is at π = 0 (α = 0.2: π* = −1.5).
+# Each: (α, the peak, [(what a known slip gives, what it is)])
+ex72 = [
+    (0.2, 0.0, [(-1.5, "−1.5 is the top of the parabola, outside [0, 1]: on [0, 1] f falls from π = 0 on, so "
+                       "its largest value there is at π = 0"),
+                (0.5, "0.5 maximises απ(1 − π): AR's factor keeps 1 − α of every advantage")]),
+    (0.75, 1 / 3, [(0.5, "0.5 maximises απ(1 − π): AR's factor keeps 1 − α of every advantage"),
+                   (1.0, "AR's factor alone grows with π, but the lever (1 − π) falls")]),
+    (1.0, 0.5, []),
+]  # fmt: skip
+
+
+def case_7_2(gen: torch.Generator):
+    """A random α for the check, and what it is: ≤ 1/2, above, 1/2 itself, near 1, near 0, in turn."""
+    u = float(torch.rand(1, generator=gen, dtype=f64))
+    alpha = (0.5 * u, 0.5 + 0.5 * u, 0.5, 0.9 + 0.1 * u, 1e-3 * u)[gen.initial_seed() % 1000 % 5]
+    return (alpha,), f"α = {alpha:.6g}"
+
+
+# %%
+def my_lever_peak(alpha: float) -> float:
+    """The π in [0, 1] that maximises (α·π + 1 − α)·(1 − π)."""
     raise NotImplementedError("Exercise 7.2: replace this line with your answer")
 
 
 # %%
 with check("7.2"):
-    for alpha, want in ((0.2, 0.5), (0.4, 0.75)):  # by hand: 0.2·0.5 + 0.8 = 0.9 and 0.4·0.75 + 0.6 = 0.9
-        pi = number(my_pi_for_90_percent(alpha), "π_old")
-        expect_close(pi, want, "π_old", at=f"at α = {alpha} (α·π_old + (1 − α) must be 0.9)")
+    forbid(my_lever_peak, why="work out where f is largest")
+    for alpha, want, slips in ex72:
+        pi = number(my_lever_peak(alpha), "π")
+        for bad, message in slips:
+            reject(pi, bad, f"the peak at α = {alpha}: {message}")
+        expect_close(pi, want, "the peak π", at=f"at α = {alpha}", atol=1e-6)
+
+    def reference(alpha):  # a ternary search of the concave f on [0, 1]
+        lo, hi = 0.0, 1.0
+        for _ in range(200):
+            a, b = lo + (hi - lo) / 3, hi - (hi - lo) / 3
+            if (alpha * a + 1 - alpha) * (1 - a) < (alpha * b + 1 - alpha) * (1 - b):
+                lo = a
+            else:
+                hi = b
+        return (lo + hi) / 2
+
+    expect_cases(
+        my_lever_peak,
+        reference,
+        case_7_2,
+        "the peak π",
+        compare=lambda *a, **k: as_number(*a, **k, atol=1e-6),
+    )

@@ -391,17 +391,17 @@ WRONG_ANSWERS: dict[str, list[tuple[str, str]]] = {
             "    return (s_bar.min() * adv / (len(adv) * mask.shape[1]))[:, None] * mask\n",
             "wrong value — the coefficients of completion 1 (|y_1| = 2 tokens",
         ),
-        (  # the library's Min-Replace, switched off during the check
+        (  # the library's Min-Replace, refused before it runs
             "def my_min_replace_and_orth_proj(s_bar, adv):\n"
             "    g = torch.zeros(len(adv), dtype=torch.long)\n"
             "    return min_replace(s_bar, adv, g), s_bar - (adv @ s_bar) / (adv @ adv) * adv\n",
-            "wrong approach — `min_replace`",
+            "refused call — `my_min_replace_and_orth_proj` uses `min_replace` from the project's library",
         ),
-        (  # the library's Orth-Proj through TRANSFORMS, switched off during the check
+        (  # the library's Orth-Proj through TRANSFORMS, refused before it runs
             "def my_min_replace_and_orth_proj(s_bar, adv):\n"
             "    g = torch.zeros(len(adv), dtype=torch.long)\n"
             "    return s_bar.min() * torch.ones_like(s_bar), TRANSFORMS['orth_proj'](s_bar, adv, g)\n",
-            "wrong approach — `orth_proj`",
+            "refused call — `my_min_replace_and_orth_proj` uses `TRANSFORMS` from the project's library",
         ),
         (  # φ from the smallest raw ratio min s instead of min s̄
             "def my_post_clip_and_shrink(s, adv, epsilon):\n"
@@ -410,11 +410,11 @@ WRONG_ANSWERS: dict[str, list[tuple[str, str]]] = {
             "    return s_bar, s.min() / s_bar\n",
             "wrong value — φ at s = [0.7, 1.1, 0.5, 1.3, 1.5], Â = [1.0, 0.0, -1.0, -1.0, 0.0]: your numerator is the smallest raw ratio",
         ),
-        (  # the library's sign-aware clip, switched off during the check
+        (  # the library's sign-aware clip, refused before it runs
             "def my_post_clip_and_shrink(s, adv, epsilon):\n"
             "    s_bar = sign_aware_clip(s, adv, epsilon, epsilon)\n"
             "    return s_bar, s_bar.min() / s_bar\n",
-            "wrong approach — `sign_aware_clip`",
+            "refused call — `my_post_clip_and_shrink` uses `sign_aware_clip` from the project's library",
         ),
         (  # eq. 44's geometric mean taken over the padding too
             "def my_dfpo_coefficients(log_ratio, adv, mask, epsilon):\n"
@@ -496,32 +496,53 @@ WRONG_ANSWERS: dict[str, list[tuple[str, str]]] = {
     ],
     "07_low_probability_tokens": [
         (  # the gradient of θ itself, which never took part in a backward pass
-            "def my_sequence_score_norm(i):\n"
-            "    policy.token_logp(theta.clone().requires_grad_(True), idx[i : i + 1]).sum().backward()\n"
+            "def my_sequence_score_norm(token_logp, theta, mask):\n"
+            "    (token_logp(theta.clone().requires_grad_(True)) * mask).sum().backward()\n"
             "    return float(theta.grad.norm())\n",
             "your code raised AttributeError",
         ),
         (  # the sum of the tokens' norms, not the norm of the sum
-            "def my_sequence_score_norm(i):\n"
+            "def my_sequence_score_norm(token_logp, theta, mask):\n"
             "    total = 0.0\n"
-            "    for t in range(mask.shape[1]):\n"
+            "    for t in range(len(mask)):\n"
             "        z = theta.clone().requires_grad_(True)\n"
-            "        policy.token_logp(z, idx[i : i + 1])[0, t].backward()\n"
+            "        (token_logp(z)[t] * mask[t]).backward()\n"
             "        total += float(z.grad.norm())\n"
             "    return total\n",
             "wrong value — ‖∇_θ log π(y_i)‖ for completion 0 (its tokens' π:",
         ),
         (  # the mean log-probability per token instead of the sum
-            "def my_sequence_score_norm(i):\n"
+            "def my_sequence_score_norm(token_logp, theta, mask):\n"
             "    z = theta.clone().requires_grad_(True)\n"
-            "    policy.token_logp(z, idx[i : i + 1])[0].mean().backward()\n"
+            "    (token_logp(z) * mask).sum().div(mask.sum()).backward()\n"
             "    return float(z.grad.norm())\n",
             "wrong value — ‖∇_θ log π(y_i)‖ for completion 0",
         ),
-        ("def my_pi_for_90_percent(alpha):\n    return 0.9\n", "wrong value — π_old at α = 0.2"),
-        (  # α and 1 − α confused
-            "def my_pi_for_90_percent(alpha):\n    return (0.9 - alpha) / (1 - alpha)\n",
-            "wrong value — π_old at α = 0.2 (α·π_old + (1 − α) must be 0.9): expected 0.5, got 0.875",
+        (  # the mask left out: a padding position's log-probability counted (the toy's is 0 there)
+            "def my_sequence_score_norm(token_logp, theta, mask):\n"
+            "    z = theta.clone().requires_grad_(True)\n"
+            "    token_logp(z).sum().backward()\n"
+            "    return float(z.grad.norm())\n",
+            "wrong value — ‖∇_θ log π(y)‖ on random case 3 of 20 (padding after the first half",
+        ),
+        (  # the notebook's policy instead of the argument
+            "def my_sequence_score_norm(token_logp, theta, mask):\n"
+            "    z = theta.clone().requires_grad_(True)\n"
+            "    (policy.token_logp(z, idx[:1])[0] * mask).sum().backward()\n"
+            "    return float(z.grad.norm())\n",
+            "refused call — `my_sequence_score_norm` reads the notebook's variable `idx`",
+        ),
+        (  # the top of the parabola, not clamped to [0, 1]
+            "def my_lever_peak(alpha):\n    return (2 * alpha - 1) / (2 * alpha)\n",
+            "wrong value — the peak at α = 0.2: −1.5 is the top of the parabola, outside [0, 1]",
+        ),
+        (  # AR's floor 1 − α left out: the peak of απ(1 − π)
+            "def my_lever_peak(alpha):\n    return 0.5\n",
+            "wrong value — the peak at α = 0.2: 0.5 maximises απ(1 − π)",
+        ),
+        (  # the derivative's sign slipped
+            "def my_lever_peak(alpha):\n    return max(0.0, (1 - 2 * alpha) / (2 * alpha))\n",
+            "wrong value — the peak π at α = 0.2: expected 0, got 1.5",
         ),
     ],
     "08_from_toy_to_lm": [
@@ -954,12 +975,7 @@ MAX_CANDIDATES = 40
 #: is converting every check to random cases (``expect_cases``) against an independent reference; until an
 #: exercise's converted check is committed its entry stays here, and the test prints it as excluded
 #: (a tutorial whose exercises are all excluded is skipped). Remove an entry and the test holds it to the rule.
-PERTURB_EXCLUDED: dict[str, str] = {
-    **dict.fromkeys(("5.1", "5.2", "5.3"), "tutorial 5's random-case checks are not committed yet"),
-    **dict.fromkeys(("6.1", "6.2"), "tutorial 6's random-case checks are not committed yet"),
-    **dict.fromkeys(("7.1", "7.2"), "tutorial 7's random-case checks are not committed yet"),
-    **dict.fromkeys(("8.1", "8.2"), "tutorial 8's random-case checks are not committed yet"),
-}
+PERTURB_EXCLUDED: dict[str, str] = {}
 #: Loads tests/tutorials/perturbation.py into a private module of the kernel (not the notebook's namespace).
 LOAD_PERTURB = f"""\
 get_ipython()._tutorial_perturb = __import__("types").ModuleType("_tutorial_perturb")
