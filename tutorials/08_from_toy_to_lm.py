@@ -469,15 +469,15 @@ print(
 )
 
 # %% [markdown]
-# DFPO is lower on more seeds than not, mostly by little; the large differences go both ways and cancel
-# in the mean, whose CI is then wide around 0. (The KL is read at the step each arm first reaches 0.9,
-# and two arms reaching it at different steps read two different steps of a fast-moving KL: most of
-# the large differences are on such seeds.) Two more reasons not to read p ≈ 0.03 as an effect: it is one of
-# the six tests of this table, none adjusted for the others; and `experiments/` asked the same question
-# of 1024 fresh seeds, fixed in advance, Holm-adjusted with the report's other predictions: the row
-# "DFPO pays less learning tax (template KL) than the eq. 86 control" below finds a mean difference of
-# +2.43e-04 (the other sign) with an interval around 0: not resolved. A direction seen on 64 seeds and gone on 1024 is
-# what chance gives.
+# DFPO is lower on more seeds than not, mostly by little; the large differences go both ways and
+# cancel in the mean, whose CI is then wide around 0. (The KL is read at the step each arm first
+# reaches 0.9, and two arms reaching it at different steps read two different steps of a fast-moving
+# KL: most of the large differences are on such seeds.) Two more reasons not to read p ≈ 0.03 as an
+# effect: it is one of the six tests of this table, none adjusted for the others; and `experiments/`
+# asked the same question of 1024 fresh seeds, fixed in advance, Holm-adjusted with the report's other
+# predictions: the row "DFPO pays less learning tax (template KL) than the eq. 86 control" below finds
+# a mean difference of +2.43e-04 (the other sign) with an interval around 0: not resolved. A direction
+# seen on 64 seeds and gone on 1024 is what chance gives.
 
 # %%
 fig = go.Figure(
