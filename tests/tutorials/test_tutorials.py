@@ -17,9 +17,12 @@ does), as one notebook made of:
    cell's source replaced by its solution: every check must say "correct";
 3. for each deliberately wrong answer in ``WRONG_ANSWERS`` (at least two per exercise), the exercise
    section again with the solutions except that one answer: its check must say what is wrong (the
-   expected words, e.g. "wrong shape"), the others "correct".
+   expected words, e.g. "wrong shape"), the others "correct";
+4. for each exercise, its solution perturbed in one place (``perturbation.py``), handed to the check's
+   random cases (``expect_cases``) alone: the check must say ✗ (``test_perturbed_solutions_are_rejected``,
+   which reads the same kernel run; ``-k perturbed``).
 
-The tutorial before the exercises runs once: before 2 and before each 3 the kernel's user namespace
+The tutorial before the exercises runs once: before 2 and before each 3 and 4 the kernel's user namespace
 and RNG states are put back to what they were when the exercise section first started (a snapshot
 taken then; objects changed in place are not undone, and no exercise section changes one). So 2 is
 the notebook with the solutions filled in, as run top to bottom, at the cost of its exercise cells.
@@ -971,10 +974,9 @@ PERTURB_SEED_VARIABLE = "TUTORIAL_PERTURB_SEED"
 PERTURB_SEED = int(os.environ.get(PERTURB_SEED_VARIABLE) or secrets.randbelow(2**31))
 #: the most perturbations of one solution tried against its recorded calls before giving up
 MAX_CANDIDATES = 40
-#: Exercises whose checks are not yet held to reject a perturbed solution, by label, each with why. Issue 31
-#: is converting every check to random cases (``expect_cases``) against an independent reference; until an
-#: exercise's converted check is committed its entry stays here, and the test prints it as excluded
-#: (a tutorial whose exercises are all excluded is skipped). Remove an entry and the test holds it to the rule.
+#: Exercises whose checks are not held to reject a perturbed solution, by label, each with why (none: every
+#: exercise's check runs random cases against an independent reference since issue 31). An excluded
+#: exercise is printed as such; a tutorial whose exercises are all excluded is skipped.
 PERTURB_EXCLUDED: dict[str, str] = {}
 #: Loads tests/tutorials/perturbation.py into a private module of the kernel (not the notebook's namespace).
 LOAD_PERTURB = f"""\
