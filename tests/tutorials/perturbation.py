@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ast
 import copy
-import difflib
 import functools
 import json
 import random
@@ -95,10 +94,6 @@ def candidates(solution_source: str, rng: random.Random) -> list[Candidate]:
         out.append(Candidate(source, f"line {line}: `{a.strip()}` → `{b.strip()}`"))
     rng.shuffle(out)
     return out
-
-
-def diff(a: str, b: str) -> str:
-    return "\n".join(difflib.unified_diff(a.splitlines(), b.splitlines(), lineterm=""))
 
 
 # --------------------------------------------------------------------------------------------- kernel side
