@@ -415,10 +415,15 @@ entropy_one_term = {0.0: 0.346574, -0.6931471805599453: 0.366204, -2.8: 0.163892
 def case_3_2(gen):
     """A random log-odds ℓ for the check, and what it is."""
     i = gen.initial_seed() % 1000
-    kind = i % 4
-    ell = [0.0, -6 * float(torch.rand((), generator=gen)), 6 * float(torch.rand((), generator=gen)), 4.0][
-        kind
-    ]
+    kind = i % 5
+    big = (8 + 22 * float(torch.rand((), generator=gen))) * (1 if i // 5 % 2 else -1)  # a share near 0 or 1
+    ell = [
+        0.0,
+        -6 * float(torch.rand((), generator=gen)),
+        6 * float(torch.rand((), generator=gen)),
+        4.0,
+        big,
+    ][kind]
     return (ell,), f"ℓ = {ell:.6g}"
 
 

@@ -413,6 +413,17 @@ with check("4.1"):
 
 
 # %%
+def near_edges(gen, i, adv):
+    """Four ratios just inside and just outside the clip edges (1.2, or past DAPO's 1.28, and 0.8), δ = 1e-3 or
+    0.05 in turn, with advantages of both signs: where a hard-coded or misplaced edge shows."""
+    delta = (1e-3, 0.05)[i // 12 % 2]
+    near = torch.tensor([1.2 + delta, 1.2 - delta, 0.8 + delta, 0.8 - delta], dtype=f64)
+    near = near + (torch.rand(4, generator=gen) < 0.5) * torch.tensor([0.08, 0, 0, 0], dtype=f64)
+    signs = torch.tensor([1.0, -1.0, 1.0, -1.0], dtype=f64) * (1 if i % 2 else -1)
+    return near, adv.abs().clamp(min=0.1) * signs
+
+
+# %%
 # fmt: off
 token_mistakes = {  # what a known slip gives on the check's example (r = 0.5, 0.5, 1, 1, 1.5, 1.5, A = ±1), and what it is
     "grpo_symclip": [([0.0, 0.0, 1.0, -1.0, 0.0, 0.0], "GRPO-fix's clip is clip(r, 0, 1 + ε): it has no lower bound at 1 − ε, so at r = 0.5 the term keeps its gradient r·A for both signs")],
@@ -426,7 +437,7 @@ def case_4_2(gen):
     """A random case for the check: (r, adv, objective) and what it holds; no r within 1e-6 of 0.8, 1.2."""
     i = gen.initial_seed() % 1000
     kind, turn = i % 3, i // 3 % 2
-    n = int(torch.randint(4, 13, (), generator=gen))
+    n = int(torch.randint(8, 13, (), generator=gen))
     r = ((0.8 if kind == 1 else 0.5) * torch.randn(n, generator=gen, dtype=f64)).exp()
     r = torch.where(((r - 0.8).abs() < 1e-6) | ((r - 1.2).abs() < 1e-6), r + 1e-3, r)
     adv = torch.randn(n, generator=gen, dtype=f64)
@@ -434,6 +445,7 @@ def case_4_2(gen):
         adv[::3] = 0.0
     r[:2] = torch.tensor([0.05, 2.0], dtype=f64) + torch.tensor([0.25, 2.0], dtype=f64) * torch.rand(2, generator=gen, dtype=f64)  # fmt: skip
     adv[:2] = adv[:2].abs() * (-1 if i // 6 % 2 else 1)  # the extreme ratios both with A < 0, or both A > 0
+    r[2:6], adv[2:6] = near_edges(gen, i, adv[2:6])
     objective = ("grpo", "grpo_symclip")[turn]
     what = ["ratios around the band", "ratios far from 1", "some A = 0"][kind]
     return (r, adv, objective), f"{objective}, {what}"

@@ -334,7 +334,7 @@ with check("7.1"):
     forbid(my_sequence_score_norm, allow=("backward", "autograd"), why="differentiate with autograd")
     for i in (0, 1, 2, 17, 31):
         pis = [round(p, 2) for p in old_logp[i].exp()[mask[i].bool()].tolist()]
-        got = number(my_sequence_score_norm(toy_logp(i), theta, mask[i]), "the norm")
+        got = number(my_sequence_score_norm(toy_logp(i), theta.detach().clone(), mask[i].clone()), "the norm")
         want = math.sqrt(sum(SQ[p] for p in pis))
         expect_close(got, want, "‖∇_θ log π(y_i)‖", at=f"for completion {i} (its tokens' π: {pis})")
 

@@ -302,7 +302,8 @@ PROJECT_PACKAGES = ("cancellation", "toymodel", "experiments", "scaledrun", "app
 #: modules' contents, code run from strings).
 ALWAYS_REFUSED = (
     "globals", "locals", "vars", "eval", "exec", "compile", "__import__", "importlib", "sys", "inspect",
-    "builtins", "__builtins__", "gc", "get_ipython", "__dict__", "__globals__",
+    "builtins", "__builtins__", "gc", "get_ipython", "__dict__", "__globals__", "__getattribute__",
+    "__getattr__", "getattr", "setattr", "delattr",
 )  # fmt: skip
 
 
@@ -372,7 +373,7 @@ def _refuse_reach(
     reached += [("a default argument", value) for value in defaults]
     closure = zip(code.co_freevars if code else (), getattr(fn, "__closure__", None) or (), strict=False)
     reached += [(name, cell.cell_contents) for name, cell in closure if _has_contents(cell)]
-    for name, value in reached:
+    for name, value in [item for pair in reached for item in _unpacked(*pair, namespace)]:
         if name in allow:
             continue
         if name in refused or set(_module_of(value).split(".")) & set(refused):
@@ -394,6 +395,44 @@ def _refuse_reach(
             )
         if isinstance(value, types.FunctionType) and value.__globals__ is namespace and id(value) not in seen:
             _refuse_reach(value, f"{who} calls `{name}`, which", refused, allow, tail, seen)
+
+
+def _unpacked(name: str, value: Any, namespace: dict[str, Any], depth: int = 0) -> list[tuple[str, Any]]:
+    """``value`` and what it holds by name, for the checks of ``_refuse_reach``: the items of a list, tuple,
+    set or dict, and the attributes of a class defined in the notebook or of an instance of one (its
+    functions, static and class methods, properties and instance attributes), two levels deep; a library
+    function kept in a class attribute or a list is the library all the same."""
+    out = [(name, value)]
+    if depth >= 2:
+        return out
+    notebook = namespace.get("__name__", "__main__")
+    items: list[tuple[str, Any]] = []
+    if isinstance(value, dict):
+        items = [(f"{name}[{k!r}]", v) for k, v in list(value.items())[:50]]
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        items = [(f"{name}[{i}]", v) for i, v in enumerate(list(value)[:50])]
+    else:
+        cls = value if isinstance(value, type) else type(value)
+        if getattr(cls, "__module__", None) == notebook:
+            attrs = {
+                k: v for klass in cls.__mro__ if klass.__module__ == notebook for k, v in vars(klass).items()
+            }
+            if not isinstance(value, type):
+                attrs.update(getattr(value, "__dict__", {}))
+            for k, v in attrs.items():
+                if k.startswith("__") and k.endswith("__"):
+                    continue
+                v = (
+                    v.__func__
+                    if isinstance(v, (staticmethod, classmethod))
+                    else v.fget
+                    if isinstance(v, property)
+                    else v
+                )
+                items.append((f"{name}.{k}", v))
+    for item_name, item in items:
+        out += _unpacked(item_name, item, namespace, depth + 1)
+    return out
 
 
 def _has_contents(cell: Any) -> bool:
@@ -468,6 +507,8 @@ def _hint(got: torch.Tensor, exp: torch.Tensor, rtol: float, atol: float) -> str
         return ""
     if torch.allclose(got, -exp, rtol=rtol, atol=atol):
         return " (the opposite sign)"
+    if exp.dtype == torch.float64 and torch.allclose(got.to(torch.float64), exp, rtol=1e-5, atol=1e-6):
+        return " (equal to about 6 digits: a step computed in float32? keep your inputs' float64 throughout)"
     if exp.numel() > 1 and exp.dtype.is_floating_point:
         c = float((got * exp).sum() / (exp * exp).sum())
         if c != 0.0 and torch.allclose(got, c * exp, rtol=rtol, atol=atol):

@@ -425,3 +425,50 @@ def test_forbid_refuses_the_library_reached_around_a_name(
     assert _refusal(_define(tmp_path, "def my_adv(r, eps=1e-6):\n    return r + eps\n"), capsys) == (
         "✓ Exercise 9.20: correct"
     )
+
+
+def test_forbid_looks_inside_the_notebooks_classes_instances_and_lists(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A student's routes a review found open: the library kept in a class attribute (staticmethod), called
+    from an instance's method, torch.optim in a class attribute, the check cell's reference kept in a list,
+    and an attribute fetched by a string (``__getattribute__``): each refused, with what it reached."""
+    from cancellation.advantages import group_advantages as ga
+
+    cases = [
+        (
+            "class Tools:\n    adv = staticmethod(ga)\n",
+            "def my_adv(r):\n    return Tools.adv(r, r)\n",
+            "uses `Tools.adv` from the project's library",
+        ),
+        (
+            "class T:\n    def f(self, r):\n        return ga(r, r)\n\n\nt = T()\n",
+            "def my_adv(r):\n    return t.f(r)\n",
+            "calls `t.f`, which uses `ga` from the project's library",
+        ),
+        (
+            "class O:\n    A = torch.optim.AdamW\n",
+            "def my_adv(r):\n    return O.A([r])\n",
+            "uses `O.A`, which this exercise asks you not to use",
+        ),
+        (
+            "with check('9.0'):\n    def reference(r):\n        return 2 * r\n\n\nrefs = [reference]\n",
+            "def my_adv(r):\n    return refs[0](r)\n",
+            "uses `refs[0]`, which a check cell defined",
+        ),
+        ("", "def my_adv(r):\n    return torch.__getattribute__('op' + 'tim')\n", "uses `__getattribute__`"),
+    ]
+    for setup, answer, words in cases:
+        # a notebook's cells run in the namespace of module __main__ (its classes' __module__)
+        scope = _cells(
+            tmp_path, *([setup] if setup else []), answer, ga=ga, check=ec.check, __name__="__main__"
+        )
+        capsys.readouterr()  # the setup cell's own check line
+        line = _refusal(scope["my_adv"], capsys, refused=("optim",))
+        assert line.startswith("✗ Exercise 9.20: refused call — ") and words in line, (setup, line)
+    # a class of the notebook's own that computes, and an instance of it, pass
+    scope = _cells(
+        tmp_path, "class Twice:\n    def f(self, r):\n        return 2 * r\n\n\ntw = Twice()\n",
+        "def my_adv(r):\n    return tw.f(r)\n", __name__="__main__",
+    )  # fmt: skip
+    assert _refusal(scope["my_adv"], capsys) == "✓ Exercise 9.20: correct"

@@ -213,6 +213,12 @@ WRONG_ANSWERS: dict[str, list[tuple[str, str]]] = {
         ),
     ],
     "03_equivalent_solutions_and_entropy_collapse": [
+        (  # τ2's share clamped at 0.99 (a student review: accepted in 1 of 9 runs before |ℓ| ≥ 8 was drawn)
+            "def my_equiv_entropy(log_odds):\n"
+            "    p = min(1 / (1 + math.exp(-abs(log_odds))), 0.99)\n"
+            "    return -p * math.log(p) - (1 - p) * math.log(1 - p)\n",
+            "wrong value — the equivalent-set entropy on random case",
+        ),
         (  # the product weight Π r, without the 1/|τ| of eq. (44)
             "def my_sequence_weights(logp, old_logp, mask, length_norm):\n"
             "    return ((logp - old_logp) * mask).sum(-1).exp()\n",
@@ -261,6 +267,16 @@ WRONG_ANSWERS: dict[str, list[tuple[str, str]]] = {
         ),
     ],
     "04_clipping_breaks_cancellation": [
+        (  # GRPO's upper edge hard-coded to DAPO's 1.28 (a student review: accepted in 7 of 11 seeds before the
+            # random cases put ratios just inside and outside each edge)
+            "def my_token_coefficient(r, adv, objective):\n"
+            "    if objective == 'grpo':\n"
+            "        live = torch.where(adv >= 0, r <= 1.28, r >= 0.8)\n"
+            "    else:\n"
+            "        live = r < 1.2\n"
+            "    return torch.where(live, r * adv, torch.zeros_like(r))\n",
+            "wrong value — the coefficients on random case",
+        ),
         (  # one clip for both signs
             "def my_sign_aware_clip(r, adv, epsilon_low, epsilon_high):\n"
             "    return r.clamp(1 - epsilon_low, 1 + epsilon_high)\n",
