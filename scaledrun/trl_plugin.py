@@ -119,7 +119,16 @@ class CancellationGRPOConfig(ObjectiveConfig, GRPOConfig):
     """
 
     def __post_init__(self) -> None:
-        self.validate_objective()
+        try:
+            self.validate_objective()
+        except ValueError as err:
+            if not str(err).startswith("config field `epsilon`="):
+                raise
+            # the field most TRL configs set: here it is only grpo_symclip's symmetric ε
+            raise ValueError(
+                f"{err} (in CancellationGRPOConfig `epsilon` is grpo_symclip's symmetric ε only; TRL's lower "
+                "clip is `epsilon_low` here: drop `epsilon`, or set epsilon_low)"
+            ) from None
         for name, instead in BYPASSED.items():
             if getattr(self, name) != _trl_default(name):
                 raise ValueError(
@@ -140,7 +149,8 @@ class CancellationGRPOConfig(ObjectiveConfig, GRPOConfig):
         if scale != _trl_default("scale_rewards") and scale != self.adv_scale:
             raise ValueError(
                 f"CancellationGRPOConfig: `scale_rewards`={self.scale_rewards!r} and `adv_scale`="
-                f"{self.adv_scale!r} disagree; set `adv_scale` (the advantages are cancellation.group_advantages)"
+                f"{self.adv_scale!r} disagree; set `adv_scale` (the advantages are cancellation.group_advantages): "
+                f"adv_scale={scale!r} is what scale_rewards={self.scale_rewards!r} means"
             )
         self.scale_rewards = self.adv_scale
         GRPOConfig.__post_init__(self)

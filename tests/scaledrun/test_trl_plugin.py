@@ -301,8 +301,8 @@ def test_trl_plugin_accumulation_and_iterations_equal_scaledrun(
     """``steps_per_generation`` 2 (one group per micro-batch, accumulated) and ``num_iterations`` 2 against
     ``micro_batch_size`` 4 and ``inner_epochs`` 2: both optimizer steps' gradients. ``LR_ITER`` moves the
     weights enough that the second step's ratios are off 1 (by a few %), so clipping and the transforms act
-    there (another transform, or GSPO's eq. 86 control in place of DFPO, is off by > 10× the tolerance). The
-    second step's gradients are taken at weights that already differ by AdamW's amplification of the first
+    there (another transform, or GSPO's eq. 86 control in place of DFPO, is off by several times the
+    tolerance: ``test_trl_plugin_second_step_tells_dfpo_from_the_control``). The second step's gradients are taken at weights that already differ by AdamW's amplification of the first
     step's float32 differences (up to ~6e-6 here: the weights after two steps are not compared at 1e-6 for
     that reason, docs/plugins.md); those move them by less than 1e-6 of the tolerance's scale."""
     batch, sr_steps, _ = run_scaledrun(
@@ -314,6 +314,32 @@ def test_trl_plugin_accumulation_and_iterations_equal_scaledrun(
         _assert_same(
             grads[k], sr_steps[k], f"{name}: step {k + 1} gradients", grad_tolerance(sr_steps[k], batch)
         )
+
+
+def test_trl_plugin_second_step_tells_dfpo_from_the_control(tiny_model, tmp_path, monkeypatch):
+    """The negative control of the test above: its off-policy second step is where the objectives differ, so
+    the plug-in running the eq. 86 control (or Orth-Proj) in place of DFPO Min-Replace must land > 4× the
+    tolerance away from scaledrun's Min-Replace gradient, while the first step (on-policy, ratio 1: they
+    coincide) agrees."""
+    fields = dict(OBJECTIVES)["dfpo-min_replace"]
+    batch, sr_steps, _ = run_scaledrun(
+        tiny_model, tmp_path, fields, iterations=2, micro=G, lr=LR_ITER, monkeypatch=monkeypatch
+    )
+    tol = grad_tolerance(sr_steps[1], batch)
+    for other in ("dfpo-orth_proj", "eq86"):
+        grads, _, _ = run_trl(
+            tiny_model, tmp_path, batch, dict(OBJECTIVES)[other], iterations=2, spg=2, lr=LR_ITER
+        )
+        _assert_same(
+            grads[0],
+            sr_steps[0],
+            f"{other}: step 1 (on-policy) gradients",
+            grad_tolerance(sr_steps[0], batch),
+        )
+        off = max(max_abs_err(grads[1][n], sr_steps[1][n]) for n in sr_steps[1])
+        # measured here: Orth-Proj 19.7 ×, the control 7.9 × the tolerance (a loose bound: the parity above
+        # agrees to ~2e-7, thousands of times closer)
+        assert off > 4 * tol, f"{other} vs Min-Replace at step 2: max |Δ| {off:.3g} is not > 4 × {tol:.3g}"
 
 
 def test_trl_plugin_two_optimizer_steps_per_generation_equal_scaledrun(tiny_model, tmp_path, monkeypatch):
@@ -474,13 +500,15 @@ def test_trl_plugin_config_parses_from_the_command_line(tmp_path):
         ({"off_policy_mask_threshold": 0.5}, "`off_policy_mask_threshold`"),
         ({"multi_objective_aggregation": "normalize_then_sum"}, "`multi_objective_aggregation`"),
         ({"beta": 0.04}, "use_bias_correction_kl=False"),
-        ({"scale_rewards": "batch"}, "`adv_scale`"),
+        ({"scale_rewards": "batch"}, "adv_scale='batch' is what scale_rewards='batch' means"),
+        ({"scale_rewards": False}, "adv_scale='none' is what scale_rewards=False means"),
         ({"epsilon": 0.28}, "objective 'grpo' does not take it"),
+        ({"objective": "dfpo", "epsilon": 0.2}, "TRL's lower clip is `epsilon_low` here"),
         ({"objective": "dfpo", "transform": "orth"}, "`transform`='orth': unknown value"),
         ({"per_device_train_batch_size": 2, "steps_per_generation": 2}, "split between optimizer steps"),
         ({"steps_per_generation": 3, "gradient_accumulation_steps": 2}, "span two generation batches"),
     ],
-    ids=lambda v: next(iter(v)) if isinstance(v, dict) else None,
+    ids=lambda v: "-".join(map(str, v)) if isinstance(v, dict) else None,
 )
 def test_trl_plugin_refuses_settings_that_bypass_the_objective(tmp_path, kw, named):
     with pytest.raises(ValueError) as err:
