@@ -239,35 +239,34 @@ def instruments(model_dir: Path, meter: Meter, *, log_marks_steps: bool) -> Iter
     config_cls = type(AutoConfig.from_pretrained(model_dir))
     lm_cls, body_cls = MODEL_FOR_CAUSAL_LM_MAPPING[config_cls], MODEL_MAPPING[config_cls]
 
-    def wrap_generate(orig: Any) -> Any:
-        @functools.wraps(orig)
-        def generate(model: Any, *args: Any, **kwargs: Any) -> Any:
-            ids = kwargs.get("input_ids", args[0] if args else None)
-            sync()
-            t0 = time.perf_counter()
-            out = orig(model, *args, **kwargs)
-            sync()
-            meter.now.generate_s += time.perf_counter() - t0
-            seqs = out if isinstance(out, torch.Tensor) else out.sequences
-            meter.now.decode_steps += seqs.shape[1] - ids.shape[1]
-            meter.now.generate_calls += 1
-            return out
+    def timed(new_positions: Any) -> Any:
+        """A wrapper of a generation method: its seconds, one call, and ``new_positions(args, kwargs, out)``
+        decode steps added to the current step's meter."""
 
-        return generate
+        def wrap(orig: Any) -> Any:
+            @functools.wraps(orig)
+            def call(model: Any, *args: Any, **kwargs: Any) -> Any:
+                sync()
+                t0 = time.perf_counter()
+                out = orig(model, *args, **kwargs)
+                sync()
+                meter.now.generate_s += time.perf_counter() - t0
+                meter.now.decode_steps += new_positions(args, kwargs, out)
+                meter.now.generate_calls += 1
+                return out
 
-    def wrap_generate_batch(orig: Any) -> Any:
-        @functools.wraps(orig)
-        def generate_batch(model: Any, *args: Any, **kwargs: Any) -> Any:
-            sync()
-            t0 = time.perf_counter()
-            out = orig(model, *args, **kwargs)
-            sync()
-            meter.now.generate_s += time.perf_counter() - t0
-            meter.now.decode_steps += max(len(r.generated_tokens) for r in out.values())
-            meter.now.generate_calls += 1
-            return out
+            return call
 
-        return generate_batch
+        return wrap
+
+    def generate_positions(args: Any, kwargs: Any, out: Any) -> int:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        seqs = out if isinstance(out, torch.Tensor) else out.sequences
+        return seqs.shape[1] - ids.shape[1]
+
+    # the paged backend: the longest request's new tokens (a lower bound on its decode steps)
+    wrap_generate = timed(generate_positions)
+    wrap_generate_batch = timed(lambda args, kwargs, out: max(len(r.generated_tokens) for r in out.values()))
 
     def wrap_body(orig: Any) -> Any:
         @functools.wraps(orig)

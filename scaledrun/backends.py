@@ -420,3 +420,13 @@ def make_backend(
             "leave generation_cache dynamic and compile_decode false with rollout_backend paged"
         )
     return BACKENDS[name](model, batch_size, merge=merge, cache=cache, compile_decode=compile_decode)
+
+
+def run_backend(cfg: Any, model: Any) -> RolloutBackend:
+    """The run's rollout backend (``make_backend`` with the config's ``rollout_backend``,
+    ``generation_batch_size``, ``rollout_merge``, ``generation_cache`` and ``compile_decode``): the one
+    the trainer's rollouts and its evaluation both use."""
+    return make_backend(
+        cfg.rollout_backend, model, cfg.generation_batch_size, merge=cfg.rollout_merge,
+        cache=cfg.generation_cache, compile_decode=cfg.compile_decode,
+    )  # fmt: skip

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from .backends import make_backend
+from .backends import run_backend
 from .config import RunConfig
 from .distributed import max_list, sum_over_processes
 from .rewards import compute_rewards
@@ -133,14 +133,7 @@ def evaluate(
         prompts = [
             format_prompt(tokenizer, t.prompt, cfg.system_prompt, cfg.chat_template_kwargs) for t in padded
         ]
-        backend = make_backend(
-            cfg.rollout_backend,
-            unwrapped,
-            cfg.generation_batch_size,
-            merge=cfg.rollout_merge,
-            cache=cfg.generation_cache,
-            compile_decode=cfg.compile_decode,
-        )
+        backend = run_backend(cfg, unwrapped)
         k = cfg.eval_k
         greedy = generate_texts(
             unwrapped, tokenizer, prompts, n=1, max_new_tokens=cfg.max_new_tokens, do_sample=False,

@@ -123,7 +123,7 @@ from cancellation.update import (
     minibatches,
 )
 
-from .backends import make_backend
+from .backends import run_backend
 from .checkpoint import checkpoint_config, latest_checkpoint, load_checkpoint, safe_load, save_checkpoint
 from .cli import import_modules, pop_option, print_help, usage_error
 from .config import RunConfig, load_config, save_config
@@ -587,14 +587,7 @@ def _train(
     logger = RunLogger(out_dir, cfg.steps, enabled=accelerator.is_main_process, resume_step=start)
     unwrapped = accelerator.unwrap_model(model)
     ref_ctx = unwrapped.disable_adapter if cfg.beta > 0 else None
-    backend = make_backend(
-        cfg.rollout_backend,
-        unwrapped,
-        cfg.generation_batch_size,
-        merge=cfg.rollout_merge,
-        cache=cfg.generation_cache,
-        compile_decode=cfg.compile_decode,
-    )
+    backend = run_backend(cfg, unwrapped)
     rows: list[dict[str, float]] = []
     reward_fns = list(dict.fromkeys(parse_reward_names(cfg.reward)))  # one ``rewards/<name>/mean`` each
     warned_truncation = False
