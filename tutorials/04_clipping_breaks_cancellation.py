@@ -414,12 +414,11 @@ with check("4.1"):
 
 # %%
 def near_edges(gen, i, adv):
-    """Four ratios just inside and just outside the clip edges (1.2, or past DAPO's 1.28, and 0.8), δ = 1e-3 or
-    0.05 in turn, with advantages of both signs: where a hard-coded or misplaced edge shows."""
-    delta = (1e-3, 0.05)[i // 12 % 2]
-    near = torch.tensor([1.2 + delta, 1.2 - delta, 0.8 + delta, 0.8 - delta], dtype=f64)
-    near = near + (torch.rand(4, generator=gen) < 0.5) * torch.tensor([0.08, 0, 0, 0], dtype=f64)
-    signs = torch.tensor([1.0, -1.0, 1.0, -1.0], dtype=f64) * (1 if i % 2 else -1)
+    """Five ratios just inside and just outside the clip edges (1.2, 0.8) and just past DAPO's 1.28, δ = 1e-3
+    or 0.05 in turn, with advantages of both signs: where a hard-coded or misplaced edge shows."""
+    delta = (1e-3, 0.05)[i // 12 % 2] * (0.5 + float(torch.rand((), generator=gen)))
+    near = torch.tensor([1.2 + delta, 1.2 - delta, 0.8 + delta, 0.8 - delta, 1.28 + delta], dtype=f64)
+    signs = torch.tensor([1.0, -1.0, 1.0, -1.0, 1.0], dtype=f64) * (1 if i % 2 else -1)
     return near, adv.abs().clamp(min=0.1) * signs
 
 
@@ -445,7 +444,7 @@ def case_4_2(gen):
         adv[::3] = 0.0
     r[:2] = torch.tensor([0.05, 2.0], dtype=f64) + torch.tensor([0.25, 2.0], dtype=f64) * torch.rand(2, generator=gen, dtype=f64)  # fmt: skip
     adv[:2] = adv[:2].abs() * (-1 if i // 6 % 2 else 1)  # the extreme ratios both with A < 0, or both A > 0
-    r[2:6], adv[2:6] = near_edges(gen, i, adv[2:6])
+    r[2:7], adv[2:7] = near_edges(gen, i, adv[2:7])
     objective = ("grpo", "grpo_symclip")[turn]
     what = ["ratios around the band", "ratios far from 1", "some A = 0"][kind]
     return (r, adv, objective), f"{objective}, {what}"
