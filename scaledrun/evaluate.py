@@ -34,6 +34,10 @@ from .tasks import Task, format_prompt, reward_columns
 #: the policy has collapsed onto one), ``eval/form_mass`` the mean of Σ_k π(form_k | prompt) and
 #: ``eval/form_logodds`` the mean of log π(form_0 | prompt) − log π(form_1 | prompt).
 FORM_KEYS = ("eval/form_entropy", "eval/form_mass", "eval/form_logodds")
+#: Eval key of tasks whose references (forms and decoys) open with the same sentence (``shared_head``):
+#: the mean over those prompts of log π(head | prompt), teacher-forced at T, no EOS. Every completion of
+#: a group shares the head, so this is where drift of shared tokens shows (DFPO Sec. 3.3, App. G).
+HEAD_KEY = "eval/head_logprob"
 
 
 #: Rows (prompt + one form) per no-grad forward pass of ``form_logprobs``.
@@ -43,9 +47,10 @@ FORM_BATCH_ROWS = 64
 @torch.no_grad()
 def form_logprobs(
     model: Any, tokenizer: Any, prompts: list[str], forms: list[tuple[str, ...]], temperature: float,
-    batch_rows: int = FORM_BATCH_ROWS, passes: int | None = None,
+    batch_rows: int = FORM_BATCH_ROWS, passes: int | None = None, eos: bool = True,
 ) -> list[list[float]]:  # fmt: skip
-    """log π(form | prompt) of whole completions, teacher-forced: ``out[i][k]`` for ``forms[i][k]``.
+    """log π(form | prompt) of whole completions, teacher-forced: ``out[i][k]`` for ``forms[i][k]``
+    (``eos=False``: of the text alone, a prefix of completions, without the EOS).
 
     ``prompts`` are chat-formatted (``format_prompt``). Each row is the prompt's tokens (left-padded, as
     the rollouts) followed by the form's tokens and EOS (right-padded); log π is the sum over those
@@ -54,15 +59,16 @@ def form_logprobs(
     this many forward passes (≥ the ⌈rows / batch_rows⌉ needed), the extra ones on the first row alone,
     their results dropped: every process then makes the same number (see "Lockstep").
     """
-    eos = tokenizer.eos_token_id
-    if eos is None:
+    eos_id = tokenizer.eos_token_id
+    if eos_id is None and eos:
         raise ValueError("the tokenizer has no eos_token_id: a form's probability includes its EOS")
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    end = [eos_id] if eos else []
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
     device = next(model.parameters()).device
     rows: list[tuple[int, list[int], list[int]]] = []
     for i, (prompt, fs) in enumerate(zip(prompts, forms, strict=True)):
         p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        rows += [(i, p, tokenizer(f, add_special_tokens=False)["input_ids"] + [eos]) for f in fs]
+        rows += [(i, p, tokenizer(f, add_special_tokens=False)["input_ids"] + end) for f in fs]
     chunks = [rows[s : s + batch_rows] for s in range(0, len(rows), batch_rows)]
     if passes is not None:
         if passes < len(chunks) or (passes > len(chunks) and not rows):
@@ -103,6 +109,23 @@ def form_stats(logps: list[float]) -> dict[str, float]:
     }
 
 
+def shared_head(task: Task) -> str:
+    """The sentence every reference of ``task`` (its ``forms`` and ``decoys``) opens with: their common
+    prefix up to and including its last ``". "``'s period (``""`` when they share no whole sentence or the
+    task has fewer than two references). ``template_decoy``: ``"Let me compute 37 + 45."``."""
+    refs = [*task.forms, *task.decoys]
+    if len(refs) < 2:
+        return ""
+    common = refs[0]
+    for r in refs[1:]:
+        n = 0
+        while n < min(len(common), len(r)) and common[n] == r[n]:
+            n += 1
+        common = common[:n]
+    cut = common.rfind(". ")
+    return common[: cut + 1] if cut >= 0 else ""
+
+
 def eval_share(tasks: list[Task], rank: int, world: int) -> tuple[list[Task], int]:
     """This process's eval tasks padded to ⌈N / world⌉ (copies of ``tasks[0]`` after its own) and how many
     are its own: every process evaluates the same number of prompts (see "Lockstep")."""
@@ -118,7 +141,8 @@ def evaluate(
     When some eval tasks carry ≥ 2 equally correct ``forms`` (``template_forms``), also ``FORM_KEYS``:
     exact (teacher-forced, no sampling) means over those prompts of the equivalent-solution entropy,
     the forms' total probability and the forms' log-odds (``form_logprobs`` at ``cfg.temperature``;
-    ``micro_batch_size`` rows per forward pass when set, else ``FORM_BATCH_ROWS``). Every process makes
+    ``micro_batch_size`` rows per forward pass when set, else ``FORM_BATCH_ROWS``); and ``HEAD_KEY``
+    over those of them whose references open with a shared sentence (``shared_head``). Every process makes
     the same number of ``generate`` calls and forward passes, on dummy rows when it has fewer prompts
     than another (``eval_share``; their results are dropped): the metrics are those of one process.
     """
@@ -129,6 +153,9 @@ def evaluate(
     local = {"greedy_correct": 0.0, "mean_sampled_reward": 0.0, "prompts": float(len(mine))}
     if with_forms:
         local.update(form_entropy=0.0, form_mass=0.0, form_logodds=0.0, form_prompts=0.0)
+    with_heads = any(len(t.forms) >= 2 and shared_head(t) for t in tasks)
+    if with_heads:
+        local.update(head_logprob=0.0, head_prompts=0.0)
     if padded:  # every process, or none (⌈N / world⌉ prompts each): the same generate calls everywhere
         prompts = [
             format_prompt(tokenizer, t.prompt, cfg.system_prompt, cfg.chat_template_kwargs) for t in padded
@@ -157,9 +184,12 @@ def evaluate(
         local["mean_sampled_reward"] = sum(r_k) / k  # summed over prompts: Σ_prompts mean of its k rewards
     if with_forms:
         multi = [t for t in mine if len(t.forms) >= 2]
+        heads = [(t, shared_head(t)) for t in multi if shared_head(t)]
         batch_rows = cfg.micro_batch_size or FORM_BATCH_ROWS
         need = -(-sum(len(t.forms) for t in multi) // batch_rows)
-        passes = int(max_list(accelerator, [float(need)])[0])  # the process that needs most
+        need_heads = -(-len(heads) // batch_rows)
+        # the process that needs most, for each kind of pass
+        passes, head_passes = (int(v) for v in max_list(accelerator, [float(need), float(need_heads)]))
         dummy = next(t for t in tasks if len(t.forms) >= 2)
         fed, forms = (
             (multi, [t.forms for t in multi]) if multi else ([dummy], [dummy.forms[:1]])
@@ -175,6 +205,15 @@ def evaluate(
             local["form_mass"] += st["mass"]
             local["form_logodds"] += st["logodds"]
         local["form_prompts"] = float(len(multi))
+    if with_heads:
+        fed_h = heads or [next((t, shared_head(t)) for t in tasks if len(t.forms) >= 2 and shared_head(t))]
+        head_lp = form_logprobs(
+            unwrapped, tokenizer,
+            [format_prompt(tokenizer, t.prompt, cfg.system_prompt, cfg.chat_template_kwargs) for t, _ in fed_h],
+            [(h,) for _, h in fed_h], cfg.temperature, batch_rows, passes=head_passes, eos=False,
+        )[: len(heads)]  # fmt: skip
+        local["head_logprob"] = sum(lp[0] for lp in head_lp)
+        local["head_prompts"] = float(len(heads))
     total = sum_over_processes(accelerator, local)
     n = max(total["prompts"], 1.0)
     out = {
@@ -184,4 +223,6 @@ def evaluate(
     if with_forms:
         m = max(total["form_prompts"], 1.0)
         out.update({key: total[key.removeprefix("eval/")] / m for key in FORM_KEYS})
+    if with_heads:
+        out[HEAD_KEY] = total["head_logprob"] / max(total["head_prompts"], 1.0)
     return out

@@ -32,7 +32,8 @@ One training step, from prompt to ``optimizer.step``
 6. **Eval** (``evaluate``, every ``eval_every`` steps): held-out greedy accuracy and avg@k; for tasks with
    several equally correct forms (``template_forms``) also the exact equivalent-solution entropy
    ``eval/form_entropy``, the forms' mass ``eval/form_mass`` and their log-odds ``eval/form_logodds``
-   (``FORM_KEYS``), from teacher-forced log-probs of each whole form + EOS at T.
+   (``FORM_KEYS``), from teacher-forced log-probs of each whole form + EOS at T, and the log-prob of the
+   sentence every reference opens with, ``eval/head_logprob`` (``HEAD_KEY``: where shared tokens drift).
 
 Exact micro-batching: a group transform, a sequence ratio or an aggregation couples the rows of a
 mini-batch, so the loss of a micro-batch alone is not a piece of the mini-batch's loss. The trainer
@@ -163,7 +164,7 @@ from .scoring import at_least_float32
 from .tasks import reward_columns
 
 #: Keys of every training row (eval rows add ``eval/greedy_accuracy`` and ``eval/avg@k``, and
-#: ``evaluate.FORM_KEYS`` when the eval tasks carry ≥ 2 equally correct forms). Each reward function of
+#: ``evaluate.FORM_KEYS`` and ``HEAD_KEY`` when the eval tasks carry ≥ 2 equally correct forms). Each reward function of
 #: ``reward`` adds ``rewards/<name>/mean``, its own mean beside the weighted sum ``reward/mean`` (TRL's key).
 STEP_KEYS = (
     *METRIC_KEYS, "sampled_reward", "reward/mean", "reward/std", "accuracy", "reward_failures",

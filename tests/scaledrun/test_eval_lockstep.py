@@ -17,7 +17,7 @@ import torch
 import torch.multiprocessing as mp
 
 from scaledrun.config import RunConfig
-from scaledrun.evaluate import FORM_KEYS, eval_share, evaluate, form_logprobs
+from scaledrun.evaluate import FORM_KEYS, HEAD_KEY, eval_share, evaluate, form_logprobs, shared_head
 from scaledrun.tasks import format_prompt, load_task
 from scaledrun.tiny import _tokenizer_corpus, make_model, train_tokenizer
 
@@ -163,15 +163,19 @@ def test_two_processes_evaluate_in_lockstep_and_match_one_process(model_dir, tmp
     for n in NUM_EVALS:
         calls = [ranks[r][n]["calls"] for r in (0, 1)]
         # ⌈n / 2⌉ prompts each: 1 greedy call + ⌈k·⌈n/2⌉ / 3⌉ sampled calls; ⌈2·⌈n/2⌉ / 3⌉ form passes
+        # + ⌈⌈n/2⌉ / 3⌉ passes of the shared heads
         per = -(-n // 2)
-        want = {"generate": 1 + -(-EVAL_K * per // GEN_BATCH), "forward": -(-2 * per // FORM_ROWS)}
+        want = {
+            "generate": 1 + -(-EVAL_K * per // GEN_BATCH),
+            "forward": -(-2 * per // FORM_ROWS) + -(-per // FORM_ROWS),
+        }
         assert calls == [want, want], (n, calls)
 
         tasks = _tasks(n)
         one = evaluate(_cfg(model_dir, n), Accelerator(cpu=True), model, tok, tasks)
         two = ranks[0][n]["metrics"]
         assert ranks[1][n]["metrics"] == two and set(two) == set(one) == {
-            "eval/greedy_accuracy", f"eval/avg@{EVAL_K}", *FORM_KEYS,
+            "eval/greedy_accuracy", f"eval/avg@{EVAL_K}", *FORM_KEYS, HEAD_KEY,
         }  # fmt: skip
         assert two["eval/greedy_accuracy"] == one["eval/greedy_accuracy"]  # exact counts / n
         # avg@k: a mean of n·k rewards in [0, 1], summed in another order; it is not trivial
@@ -186,3 +190,6 @@ def test_two_processes_evaluate_in_lockstep_and_match_one_process(model_dir, tmp
         assert close(two["eval/form_entropy"], one["eval/form_entropy"], gross=1.0)
         assert close(two["eval/form_logodds"], one["eval/form_logodds"], gross=gross)
         assert close(two["eval/form_mass"], one["eval/form_mass"])
+        heads = form_logprobs(model, tok, [format_prompt(tok, t.prompt) for t in tasks],
+                              [(shared_head(t),) for t in tasks], 0.7, eos=False)  # fmt: skip
+        assert close(two[HEAD_KEY], one[HEAD_KEY], gross=sum(abs(h[0]) for h in heads) / n)

@@ -10,9 +10,9 @@ import torch
 
 from scaledrun.config import RunConfig
 from scaledrun.data import load_tasks
-from scaledrun.evaluate import FORM_KEYS, evaluate, form_stats
+from scaledrun.evaluate import FORM_KEYS, HEAD_KEY, evaluate, form_stats, shared_head
 from scaledrun.rewards import exact_match
-from scaledrun.tasks import TASKS, format_prompt, load_task
+from scaledrun.tasks import TASKS, Task, format_prompt, load_task
 from scaledrun.tiny import EOS_TOKEN, _sft_batch, _tokenizer_corpus, make_model, train_tokenizer, warm_start
 
 from ..exactness import close
@@ -92,10 +92,11 @@ def model_dir(tokenizer, tmp_path_factory):
     return out
 
 
-def _loop_logp(model, tok, prompt: str, form: str, temperature: float) -> float:
-    """log π(form + EOS | prompt): one unpadded sequence, log_softmax(logits / T), gather, sum."""
+def _loop_logp(model, tok, prompt: str, form: str, temperature: float, eos: bool = True) -> float:
+    """log π(form + EOS | prompt) (``eos=False``: of the form's tokens alone): one unpadded sequence,
+    log_softmax(logits / T), gather, sum."""
     p = tok(format_prompt(tok, prompt), add_special_tokens=False)["input_ids"]
-    c = tok(form, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    c = tok(form, add_special_tokens=False)["input_ids"] + ([tok.eos_token_id] if eos else [])
     with torch.no_grad():
         logits = model(torch.tensor([p + c])).logits[0].double()
     total = 0.0
@@ -152,7 +153,25 @@ def test_evaluate_form_metrics_equal_a_plain_loop(model_dir, rows):
     assert close(out["eval/form_logodds"], expected["eval/form_logodds"], gross=gross)
     # the mass of a barely trained model is tiny (wrong digits), so compare it relatively
     assert close(out["eval/form_mass"], expected["eval/form_mass"])
-    assert set(out) == {"eval/greedy_accuracy", "eval/avg@1", *FORM_KEYS}
+    # the shared head "Let me compute a op b." without EOS, summed the same way
+    heads = [_loop_logp(model, tok, t.prompt, f"Let me compute {t.prompt.split('.')[0][8:]}.", TEMPERATURE,
+                        eos=False) for t in tasks]  # fmt: skip
+    assert all(h < 0 for h in heads)
+    assert close(out[HEAD_KEY], sum(heads) / len(tasks), gross=sum(abs(h) for h in heads) / len(tasks))
+    assert set(out) == {"eval/greedy_accuracy", "eval/avg@1", *FORM_KEYS, HEAD_KEY}
+
+
+def test_shared_head_is_the_references_common_first_sentence(tokenizer):
+    decoy = load_task("template_decoy", "eval", 3, seed=0, ops="+-")
+    for t in decoy:
+        a, op, b = t.prompt.split(".")[0].split()[1:]
+        assert shared_head(t) == f"Let me compute {a} {op} {b}."
+        head = tokenizer(shared_head(t), add_special_tokens=False)["input_ids"]
+        for ref in (*t.forms, *t.decoys):  # the head's tokens are the first tokens of every reference
+            assert tokenizer(ref, add_special_tokens=False)["input_ids"][: len(head)] == head
+    assert shared_head(load_task("template", "eval", 1, seed=0)[0]) == ""  # one reference: no head
+    two = Task("p", "1", "Ab. c d. x", forms=("Ab. c d. x", "Ab. c d! y"))
+    assert shared_head(two) == "Ab."  # the common prefix "Ab. c d" ends in a sentence only at "Ab."
 
 
 def test_single_form_tasks_add_no_form_keys(model_dir):
