@@ -26,7 +26,7 @@ from pathlib import Path
 from .study import StudyResult
 
 REPO = Path(__file__).resolve().parents[1]
-PARTS = ("toy", "lm", "coupling", "lm-grid")
+PARTS = ("toy", "lm", "lm-residual", "coupling", "lm-grid")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -40,7 +40,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--only",
         choices=PARTS,
-        help="run only the toy studies, only the language-model power study (lm), only the token-level "
+        help="run only the toy studies, only the language-model power study (lm), only the language-model "
+        "study where the eq. 86 control's residual is large (lm-residual), only the token-level "
         "instruments (coupling), or the old five-seed language-model grid (lm-grid, run only when named)",
     )
     ap.add_argument(
@@ -102,6 +103,16 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
             for study in run_power(runs / "power", quick=args.quick, model=args.model, **kw):
+                study.save(result_path(out, study.name, study.block))
+        if args.only in (None, "lm-residual"):
+            from .lm_residual import run_residual
+            from .toy import result_path
+
+            print(
+                f"== language-model residual study ({'quick' if args.quick else 'full'}) -> {runs / 'residual'}",
+                flush=True,
+            )
+            for study in run_residual(runs / "residual", quick=args.quick, model=args.model, **kw):
                 study.save(result_path(out, study.name, study.block))
         if args.only in (None, "coupling"):
             from .token_level import run_token_level

@@ -49,7 +49,8 @@ Per-seed measures (``measure_run``; from each run's ``metrics.jsonl``, rows up t
       the eval greedy-accuracy curve (NaN with fewer than 3 points);
     - ``form_entropy_final`` / ``form_entropy_at_threshold`` (matched reward: the first eval at or after
       ``steps_to_threshold``; NaN if the run never reaches it), ``form_mass_final``,
-      ``form_logodds_final``: the trainer's ``eval/form_*`` metrics (held-out prompts) when it logs them.
+      ``form_logodds_final``, ``head_logprob_final``: the trainer's ``eval/form_*`` and
+      ``eval/head_logprob`` metrics (held-out prompts) when it logs them.
       Matched on the training reward, not on the held-out avg@k: on the tiny model the held-out avg@k
       barely moves while the training reward rises (the lr probe: ~0.3 throughout), so a threshold on it
       would match nothing;
@@ -473,7 +474,7 @@ def measure_run(
     out["jitter2_reward"] = jitter2(r_fin) if len(r_fin) >= 3 and len(r_fin) == len(reward) else math.nan
     acc = [float(r["eval/greedy_accuracy"]) for r in evals]
     out["jitter2_eval_accuracy"] = jitter2(acc) if len(acc) >= 3 else math.nan
-    for name in ("form_entropy", "form_mass", "form_logodds"):
+    for name in ("form_entropy", "form_mass", "form_logodds", "head_logprob"):
         key = f"eval/{name}"
         with_key = [r for r in evals if math.isfinite(r.get(key, math.nan))]
         out[f"{name}_final"] = float(with_key[-1][key]) if with_key else math.nan
@@ -490,8 +491,8 @@ def measure_run(
 MEASURE_KEYS = (
     "steps_to_threshold", "final_reward", "final_greedy_accuracy", "final_avg_at_k", "jitter2_reward",
     "jitter2_eval_accuracy", "form_entropy_final", "form_entropy_at_threshold", "form_mass_final",
-    "form_logodds_final", "shared_residual", "group_shared_residual", "sequence_net_residual", "asym",
-    "clip_frac", "clip_low_frac", "clip_high_frac", "flip_rate", "flip_pos_suppressed", "flip_neg_boosted",
+    "form_logodds_final", "head_logprob_final", "shared_residual", "group_shared_residual",
+    "sequence_net_residual", "asym", "clip_frac", "clip_low_frac", "clip_high_frac", "flip_rate", "flip_pos_suppressed", "flip_neg_boosted",
     "energy_frequent", "entropy_final", "time_per_step",
 )  # fmt: skip
 
@@ -517,6 +518,9 @@ def measure_defs(steps: int, threshold: float, k: int | str = "k") -> list[Measu
         ),
         "form_mass_final": Measure("form_mass_final", f"mass on the two forms at step {steps}", None),
         "form_logodds_final": Measure("form_logodds_final", f"form log-odds at step {steps}", None),
+        "head_logprob_final": Measure(
+            "head_logprob_final", f"log π(shared head) at step {steps} (held out)", None
+        ),
         "shared_residual": Measure("shared_residual", "shared residual (eq. 72)", "lower"),
         "group_shared_residual": Measure("group_shared_residual", "group-shared residual", "lower"),
         "sequence_net_residual": Measure("sequence_net_residual", "sequence-net residual", "lower"),
@@ -919,8 +923,11 @@ def measure_grid(
     threshold: float | None = None,
     overrides: Mapping[str, Any] | None = None,
     limits: Sequence[str] = (),
+    threshold_source: str = "fixed",
 ) -> GridMeasures:
-    """Measure every run of a finished grid (``measure_run``, ``run_curves``) and state its setting."""
+    """Measure every run of a finished grid (``measure_run``, ``run_curves``) and state its setting.
+    ``threshold``: a fixed reward threshold (``threshold_source`` says where it came from, in the
+    setting's words), else the start level of these runs + ``THRESHOLD_GAIN``."""
     complete = {
         (o.arm, o.seed): _read_rows(o.path)
         for o in outcomes
@@ -931,7 +938,7 @@ def measure_grid(
     if not math.isfinite(thr):
         thr = 1.0  # no complete run: nothing is measured anyway
     thr_text = (
-        f"{thr:.2f} (fixed)"
+        f"{thr:.2f} ({threshold_source})"
         if threshold is not None
         else f"{thr:.2f} = the start level {start:.3f} (the mean sampled reward of steps 1-{min(MA_WINDOW, steps)} "
         f"over every run of every arm) + {THRESHOLD_GAIN}"
