@@ -271,7 +271,10 @@ def value_at_threshold(
 
     Linearly interpolated between position k − 1 and the first position k with reward ≥ threshold
     (``steps_to_threshold``): at k the reward may overshoot the threshold by a whole step's gain. At
-    k = 0 (nothing before it) ``values[0]``; NaN when the reward never reaches the threshold.
+    k = 0 (nothing before it) ``values[0]``; NaN when the reward never reaches the threshold. So that a
+    run crossing the threshold at its first update is interpolated too, give the series with the initial
+    state (step 0, before any update) at position 0, as ``experiments.toy.measure_seed`` does; a series
+    that starts after the first update reads that update's value there.
     """
     r, v = _as_float_list("reward", reward), _as_float_list("values", values)
     if r.numel() != v.numel():

@@ -10,7 +10,9 @@ learning rate of ``LR_FACTORS`` × ``LR_BASE`` (¼× to 4×, ratios of √2) and
 ``EPOCHS``; a grid whose best learning rate is its largest is extended by √2 steps (at most
 ``MAX_EXTEND`` times) until the best is bracketed. Per setting: the mean steps to E[R] ≥ 0.9 (restricted:
 never-reached seeds at the horizon), the fraction of seeds that reached it, and the mean template KL and
-equivalent-set entropy at matched reward (interpolated at E[R] = 0.9, over the seeds that reached).
+equivalent-set entropy at matched reward (interpolated at E[R] = 0.9 on the series that starts at step 0,
+the initial policy, over the seeds that reached). The confirmation block also records each chosen
+setting's seed-mean template drift after the last step (``experiments.toy.template_drift``).
 
 Two settings per arm are then chosen by rules fixed here, before any confirmation seed ran:
 
@@ -38,6 +40,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from toymodel import get_scenario
+
 from .study import (
     CONFIRM_FIRST_SEED,
     REVIEW,
@@ -57,8 +61,11 @@ from .toy import (
     THRESHOLD,
     Arm,
     curve_points,
+    initial_values,
     measure_seed,
     run_arm,
+    template_drift,
+    template_probs_of,
 )
 
 NAME = "toy_frontier"
@@ -131,8 +138,10 @@ def _measures(steps: int) -> list[Measure]:
 def _per_seed(runs: dict[int, dict[str, np.ndarray]], arm: Arm) -> dict[str, dict[str, float]]:
     """measure key → {seed: value} for ``MEASURES``."""
     out: dict[str, dict[str, float]] = {k: {} for k in MEASURES}
+    init = initial_values(TEMPLATE)
     for s, cols in runs.items():
-        ms = measure_seed(cols, samples_per_step=arm.samples_per_step, sample_budget=10**12, early_step=1)
+        ms = measure_seed(cols, samples_per_step=arm.samples_per_step, sample_budget=10**12, early_step=1,
+                          initial=init)  # fmt: skip
         for k in MEASURES:
             out[k][str(s)] = ms[k]
     return out
@@ -234,7 +243,8 @@ def _chosen(grid: Sequence[dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], 
 
 
 def _result(block: str, first: int, chosen: dict[str, dict[str, Any]], per_seed: dict[str, Any], steps: int,
-            speed: float, grid: list[dict[str, Any]], seconds: float, curves: dict[str, Any]) -> StudyResult:  # fmt: skip
+            speed: float, grid: list[dict[str, Any]], seconds: float, curves: dict[str, Any],
+            drift: dict[str, dict[str, float]] | None = None) -> StudyResult:  # fmt: skip
     arms_by_name = {a.name: a for a in ARMS}
     arms = {}
     for key, row in chosen.items():
@@ -294,6 +304,7 @@ def _result(block: str, first: int, chosen: dict[str, dict[str, Any]], per_seed:
         block=block,
         first_seed=first,
         grid=grid,
+        drift=drift or {},
     )
 
 
@@ -321,13 +332,16 @@ def run_frontier(*, quick: bool = False, progress: Callable[[str], Any] | None =
         out = [_result("discovery", 0, chosen, disc, steps, speed, grid, time.perf_counter() - t0, {})]
         t0 = time.perf_counter()
         arms_by_name = {a.name: a for a in ARMS}
-        conf, curves = {}, {"expected_reward": {}}
+        conf, curves, drift = {}, {"expected_reward": {}}, {}
         seeds = range(CONFIRM_FIRST_SEED, CONFIRM_FIRST_SEED + n_conf)
         pts = curve_points(steps)
+        p0 = template_probs_of(TEMPLATE, get_scenario(TEMPLATE).initial_logits())
         for key, row in chosen.items():
             a = _setting(arms_by_name[key.split("@")[0]], row["lr"], row["inner_epochs"])
-            runs = run_arm(a, TEMPLATE, seeds, steps)
+            runs = run_arm(a, TEMPLATE, seeds, steps, template_probs=True)
             conf[key] = _per_seed(runs, a)
+            if len(runs) >= 2:
+                drift[key] = template_drift(np.stack([c["template_probs_final"] - p0 for c in runs.values()]))
             curves["expected_reward"][key] = {
                 "x": [int(i) + 1 for i in pts],
                 "seeds": {str(s): [sig(float(x)) for x in cols["expected_reward"][pts]]
@@ -337,7 +351,7 @@ def run_frontier(*, quick: bool = False, progress: Callable[[str], Any] | None =
             f"  {NAME}: confirmation, {len(chosen)} settings × {n_conf} seeds: {time.perf_counter() - t0:.1f} s"
         )
         out.append(_result("confirmation", CONFIRM_FIRST_SEED, chosen, conf, steps, speed, grid,
-                           time.perf_counter() - t0, curves))  # fmt: skip
+                           time.perf_counter() - t0, curves, drift))  # fmt: skip
         return out
     finally:
         torch.set_num_threads(threads)

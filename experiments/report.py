@@ -45,8 +45,10 @@ from .study import (
 #: The bootstrap resamples of the report's tables (seeded: the report is reproducible).
 N_BOOT = 4000
 VERDICT_MARK = {"held": "✅ held", "contradicted": "❌ contradicted", "not resolved": "➖ not resolved",
-                "by construction": "· by construction", "too few seeds": "· too few seeds",
-                "not measured": "· not measured"}  # fmt: skip
+                "tied": "· tied on every seed (decided by construction)", "by construction": "· by construction",
+                "too few seeds": "· too few seeds", "not measured": "· not measured"}  # fmt: skip
+#: The verdicts decided by a test (members of the Holm family).
+DECIDED = ("held", "contradicted", "not resolved")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -107,14 +109,15 @@ def verdict_table(
     discovery: Sequence[Verdict | None] | None = None,
 ) -> str:
     """The predictions: the deciding block's paired difference (arm − baseline) with its t interval, the
-    seeds, the minimal detectable effect, the t test's p, its Holm-adjusted p, the exact sign-flip p and
-    the verdict; with ``discovery``, the discovery block's difference and interval beside it."""
+    seeds, the minimal detectable effect at the level the prediction is tested at (its Holm step's,
+    ``Verdict.alpha``) and that level, the t test's p, its Holm-adjusted p, the exact sign-flip p and the
+    verdict; with ``discovery``, the discovery block's difference and interval beside it."""
     if not verdicts:
         return ""
     lvl = f"{verdicts[0].level:.0%}"
     header = ["prediction", "source", *(["study"] if study_names else []),
               *([f"discovery Δ [{lvl} CI] (n)"] if discovery else []), "Δ (arm − baseline)", f"{lvl} t interval",
-              "seeds", "MDE", "p", "Holm p", "sign-flip p", "verdict"]  # fmt: skip
+              "seeds", "MDE (at level)", "p", "Holm p", "sign-flip p", "verdict"]  # fmt: skip
     align = ["---", "---", *(["---"] if study_names else []), *(["---:"] if discovery else []),
              "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---"]  # fmt: skip
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
@@ -128,8 +131,9 @@ def verdict_table(
                 "n/a" if d is None or d.diff is None
                 else f"{fmt_value(d.diff, signed=True)} {_fmt_ci(d.low, d.high, signed=True)} ({d.n})"
             )  # fmt: skip
-        cells += [fmt_value(v.diff, signed=True), _fmt_ci(v.low, v.high, signed=True), str(v.n), fmt_value(v.mde),
-                  fmt_p(v.p), fmt_p(v.p_adj) if v.verdict in ("held", "contradicted", "not resolved") else "—",
+        mde = fmt_value(v.mde) + (f" (α {v.alpha:.2g})" if v.mde is not None and v.alpha is not None else "")
+        cells += [fmt_value(v.diff, signed=True), _fmt_ci(v.low, v.high, signed=True), str(v.n), mde,
+                  fmt_p(v.p), fmt_p(v.p_adj) if v.verdict in DECIDED else "—",
                   fmt_p(v.perm_p), VERDICT_MARK[v.verdict] + ("" if v.block == "confirmation" or not discovery
                   else " (one block, none to confirm on)")]  # fmt: skip
         lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
@@ -165,6 +169,65 @@ def grid_table(study: StudyResult) -> str:
             lines.append(f"| {lr:g} | " + " | ".join(cells) + " |")
         out.append("\n".join(lines) + "\n")
     return "\n".join(out)
+
+
+def drift_table(study: StudyResult) -> str:
+    """The study-level template drift after the last step, one row per arm (``StudyResult.drift``,
+    ``experiments.toy.template_drift``); a line saying a rerun is needed when a toy study on
+    ``template_task`` was saved before the measure existed; empty for a study without a template."""
+    if not study.drift:
+        if study.name.startswith("toy_") and "template_task" in study.setting:
+            return (
+                "**Seed-mean template drift** (the systematic part of the drift, DFPO App. G): not in these saved "
+                "results, which predate the measure; rerun needed (`python -m experiments --only toy`).\n"
+            )
+        return ""
+    lines = [
+        "**Seed-mean template drift after the last step** (DFPO App. G, Sec. 3.3; a study-level measure, not "
+        "per seed). Δπ_s = π_s − π_0 on the template contexts' actions; *seed-mean drift²* ‖mean_s Δπ_s‖²; "
+        "*sampling floor* Σ Var_s(Δπ_s)/n, what the seed-mean drift² averages when every seed drifts by a "
+        "zero-mean amount; *systematic* = drift² − floor (unbiased for ‖E Δπ‖², ± its bootstrap SE over "
+        "seeds); *per-seed drift²* mean_s ‖Δπ_s‖², the systematic plus the zero-mean part, which is what the "
+        "per-seed template KL grows with.\n",
+        "| arm | seeds | seed-mean drift² | sampling floor | systematic ± SE | per-seed drift² | systematic share |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for arm in [a for a in study.arms if a in study.drift]:
+        d = study.drift[arm]
+        share = d["systematic"] / d["per_seed2"] if d.get("per_seed2") else math.nan
+        lines.append(
+            f"| {study.arms[arm].get('label', arm)} | {int(d['n'])} | {fmt_value(d['drift2'])} | "
+            f"{fmt_value(d['floor'])} | {fmt_value(d['systematic'], signed=True)} ± {fmt_value(d['se'])} | "
+            f"{fmt_value(d['per_seed2'])} | {fmt_value(share)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+#: What the studies cannot test, printed in every report (the per-study notes say the rest).
+CANNOT_TEST = (
+    "Benchmark accuracy at 32B scale (DFPO Tables 1-4), long reasoning and GPU-hour savings: the toy's exact "
+    "E[R] and the tiny Qwen3's held-out accuracy on one synthetic task are their only analogues, and the "
+    "toy's `template_task` has equal lengths (`toy_aggregation` has unequal ones).",
+    "DFPO App. K: the toy tests the directions K.2-K.4 predict for Min-Replace against the eq. 86 control "
+    "(slower, fewer clipped sequences), not the bias itself: no study records the per-group weight "
+    "dispersion s̄_i − s̄_min or the bias vector of eq. 92, so K.5's trust-region bound is not checked, and "
+    "K.3's 'shifted optimal point' cannot show on the toy, whose E[R] saturates near 1 in every arm.",
+    "DFPO App. G (Corollary G.1): the non-zero *expected* drift of template tokens is measured as the "
+    "seed-mean template drift after the last step of the toy studies on `template_task` (a study-level "
+    "number with a bootstrap SE, not a per-seed paired test, so it has no verdict), not at matched reward; "
+    "the per-seed template KL mixes it with zero-mean scatter. The language-model studies do not measure "
+    "the seed-mean drift.",
+    "Batching on the language model: query-preserved vs random mini-batches and reward-balanced batching "
+    "(cancellation-hypothesis paper Sec. 4) are tested on the toy only (`toy_batching`); the trainer has the "
+    "options (`num_minibatches`, `reward_balanced_rho`) but no language-model study runs them, and on the "
+    "toy the reward saturates within ~10 steps, after which a balanced selection is rare.",
+    "Lopti and Advantage Reweighting on the language model: tested on the toy only (`toy_low_prob`); the "
+    "trainer has `lopti_eta` and `ar_alpha` but no language-model study runs them. On the toy a token shares "
+    "only its context's logits, so the paper's mechanism (low-probability tokens' large gradients dominating "
+    "parameters shared with high-probability ones) has few shared parameters to act through.",
+    "Trainer-only diagnostics: token-flip rates (cancellation-hypothesis paper App. C) and Energy by frequency "
+    "bucket (DFPO eq. 24) are not computed by the toy.",
+)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -243,6 +306,7 @@ def forest_figure(verdicts: Sequence[Verdict], study_names: Sequence[str]) -> An
         "held": "#2CA02C",
         "contradicted": "#D62728",
         "not resolved": "#7F7F7F",
+        "tied": "#17BECF",
         "not measured": "#BBBBBB",
         "by construction": "#9467BD",
     }
@@ -439,6 +503,9 @@ def write_report(
             "seeds; ↓/↑: which way is better; (k/n): seeds that reached the threshold):\n"
         )
         parts.append(compact_table(study, n_boot=n_boot))
+        drift = drift_table(study)
+        if drift:
+            parts.append(drift)
         if verdicts:
             parts.append(
                 "**Predictions** (paired by seed: arm − baseline; decided on the "
@@ -498,14 +565,20 @@ def write_report(
         f"{sum(x.verdict in ('held', 'contradicted', 'not resolved') for x in decided)} decided predictions "
         f"are adjusted together with Holm's step-down method; a prediction *holds* when its Holm-adjusted p is "
         f"below {alpha:g} and the difference is on the predicted side, and is *contradicted* when it is below "
-        f"{alpha:g} on the other side. MDE: the minimal detectable effect, the true difference a {alpha:g}-level "
-        f"t test would detect with {POWER:.0%} power at the seeds' spread (unadjusted). Predictions decided by "
-        "how an arm is built are shown as *by construction* and left out of the counts and of the family.\n",
+        f"{alpha:g} on the other side. MDE: the minimal detectable effect, the true difference a t test "
+        f"would detect with {POWER:.0%} power at the seeds' spread, at the level the prediction is actually "
+        f"tested at (printed beside it): Holm tests the j-th smallest of the m p-values at {alpha:g}/(m − j + 1), "
+        f"so a family member's MDE is larger than at {alpha:g} (predictions outside the family: at {alpha:g}). "
+        "Predictions decided by how an arm is built are shown as *by construction*, and predictions whose arms "
+        "tie on every seed (every per-seed difference within the tie tolerance: the two arms took identical "
+        "steps) as *tied on every seed*; both are left out of the counts and of the family.\n",
         "## Summary of predictions\n",
         f"{counts['held']} held, {counts['contradicted']} contradicted, {counts['not resolved']} not resolved, "
-        f"{counts['by construction']} by construction, {counts['too few seeds']} with fewer than {MIN_SEEDS} "
-        f"seeds, {counts['not measured']} not measured, out of {len(decided)}.\n",
+        f"{counts['tied']} tied on every seed, {counts['by construction']} by construction, "
+        f"{counts['too few seeds']} with fewer than {MIN_SEEDS} seeds, {counts['not measured']} not measured, "
+        f"out of {len(decided)}.\n",
         summary_table(studies, level=level),
+        _tied_list(decided, names),
     ]
     if decided:
         line, why = _figure_line(forest_figure(decided, names), fig_dir / "predictions", png,
@@ -514,10 +587,25 @@ def write_report(
         png_problem = png_problem or why
     if png_problem and png:
         head.append(f"_PNG figures were not written ({png_problem}); the HTML figures were._\n")
-    text = "\n".join(head) + "\n" + "\n\n".join([*sections, *([appendix] if appendix else [])])
+    cannot = "## What these studies cannot test\n\n" + "\n".join(f"- {c}" for c in CANNOT_TEST) + "\n"
+    text = "\n".join(head) + "\n" + "\n\n".join([*sections, cannot, *([appendix] if appendix else [])])
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
+
+
+def _tied_list(decided: Sequence[Verdict], names: Sequence[str]) -> str:
+    """The predictions tied on every seed, listed apart from the tested ones (empty when none)."""
+    tied = [(n, v) for n, v in zip(names, decided, strict=True) if v.verdict == "tied"]
+    if not tied:
+        return ""
+    return (
+        "**Tied on every seed (decided by construction, not in the Holm family):** the two arms took identical "
+        "steps on every seed, so there is nothing to test.\n\n"
+        + "\n".join(f"- {n}: {v.prediction.claim} ({v.prediction.arm} vs {v.prediction.baseline}, {v.n} seeds)"
+                     for n, v in tied)
+        + "\n"
+    )  # fmt: skip
 
 
 def _rel(p: Path, base: Path) -> str:
@@ -528,8 +616,10 @@ def _rel(p: Path, base: Path) -> str:
 
 
 __all__ = [
+    "CANNOT_TEST",
     "compact_table",
     "curve_figure",
+    "drift_table",
     "forest_figure",
     "full_table",
     "report_verdicts",

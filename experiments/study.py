@@ -13,12 +13,16 @@ normal differences at any n, where the percentile bootstrap's 95 % CI excludes a
 runs at n = 5) and, as a distribution-free check printed beside it, the exact sign-flip permutation
 test (``stats.signflip_p``, exact, for studies of up to ``EXACT_MAX`` seeds). The p-values of a report's *family* of predictions are adjusted together
 with Holm's step-down method (``decide(..., adjust="holm")``), and the verdict reads the adjusted p at
-the level α = 1 − ``level`` that the report prints:
+the level α = 1 − ``level`` that the report prints. Holm tests the j-th smallest of the m p-values at
+α/(m − j + 1); each family member's minimal detectable effect (``Verdict.mde``) is computed at that level,
+the one it is actually tested at (``Verdict.alpha``), not at α:
 
 - ``held``: adjusted p < α and the mean difference is on the predicted side;
 - ``contradicted``: adjusted p < α and the mean difference is on the other side;
-- ``not resolved``: adjusted p ≥ α (p = α exactly, an interval that ends at 0, is not resolved), or
-  every difference is a tie;
+- ``not resolved``: adjusted p ≥ α (p = α exactly, an interval that ends at 0, is not resolved);
+- ``tied``: every per-seed difference is a tie (|d_s| ≤ ``TOL``: the two arms take identical steps, e.g.
+  GRPO and GRPO-fix when no ratio leaves the clip range): decided by construction, so it is left out of
+  the family (it does not count in Holm's m) and listed apart;
 - ``by construction``: the prediction is decided by how the arm is built (``Prediction.by_construction``
   says why, e.g. an ablation whose gradient is identically 0); its difference is shown, and it is left
   out of the family and of the held/contradicted counts;
@@ -50,7 +54,15 @@ from .stats import decide as decide_pair
 #: Significant digits of the curves' values in the saved JSON (they only draw figures; per-seed measures
 #: are saved at full precision).
 CURVE_DIGITS = 5
-VERDICTS = ("held", "contradicted", "not resolved", "by construction", "too few seeds", "not measured")
+VERDICTS = (
+    "held",
+    "contradicted",
+    "not resolved",
+    "tied",
+    "by construction",
+    "too few seeds",
+    "not measured",
+)
 #: Paired differences at most this large (in the measure's unit) are ties: floating-point noise between
 #: two arms that take identical steps must not become a "significant" difference.
 TOL = 1e-9
@@ -152,9 +164,10 @@ class Verdict:
     arm − baseline over ``n`` seeds) with its t interval [``low``, ``high``] at ``level``, the t test's
     two-sided ``p``, ``p_adj`` (Holm-adjusted within the family it was decided in; = ``p`` alone),
     ``perm_p`` (exact sign-flip permutation test; None above ``EXACT_MAX`` seeds), ``mde`` (the minimal detectable effect: the true mean
-    difference a two-sided t test at α = 1 − level detects with ``POWER`` at these seeds' spread,
-    (t_{1−α/2, n−1} + t_{power, n−1})·sd/√n), ``side`` (``stats.decide``'s: predicted, opposite or tie)
-    and the ``block`` of seeds it was computed on."""
+    difference a two-sided t test at level ``alpha`` detects with ``POWER`` at these seeds' spread,
+    (t_{1−alpha/2, n−1} + t_{power, n−1})·``se``, ``se`` = sd/√n; ``alpha`` is 1 − level until ``decide``
+    sets it to the Holm step's level the prediction is tested at), ``side`` (``stats.decide``'s: predicted,
+    opposite or tie) and the ``block`` of seeds it was computed on."""
 
     prediction: Prediction
     verdict: str
@@ -169,6 +182,8 @@ class Verdict:
     side: str | None = None
     level: float = 0.95
     block: str = "discovery"
+    se: float | None = None
+    alpha: float | None = None
 
 
 def _finite_or_none(x: float) -> float | None:
@@ -193,7 +208,10 @@ class StudyResult:
     - ``seconds``: wall time of the study;
     - ``block``: ``"discovery"`` or ``"confirmation"`` (the module docstring), ``first_seed`` its first seed;
     - ``grid``: a sweep's table, one plain-data row per setting (``toy_frontier``: arm × lr × inner
-      epochs with its seed means), rendered by the report; empty for other studies.
+      epochs with its seed means), rendered by the report; empty for other studies;
+    - ``drift``: arm → the study-level template drift after the last step (``experiments.toy.template_drift``:
+      ``drift2``, ``floor``, ``systematic``, ``se``, ``per_seed2``, ``n``); empty where the scenario has no
+      template or the results predate the measure.
     """
 
     name: str
@@ -211,6 +229,7 @@ class StudyResult:
     block: str = "discovery"
     first_seed: int = 0
     grid: list[dict[str, Any]] = field(default_factory=list)
+    drift: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.block not in BLOCKS:
@@ -269,21 +288,21 @@ class StudyResult:
             return Verdict(p, "not measured", level=level, block=self.block)
         d = np.asarray(pd.differences, dtype=float)
         r = decide_pair(d, p.direction, alpha=1.0 - level, tol=TOL, perm_max=EXACT_MAX)
-        mde = math.nan
-        if pd.n >= 2:
-            q = t_quantile((1 + level) / 2, pd.n - 1) + t_quantile(POWER, pd.n - 1)
-            mde = q * float(np.std(d, ddof=1)) / math.sqrt(pd.n)
+        se = float(np.std(d, ddof=1)) / math.sqrt(pd.n) if pd.n >= 2 else math.nan
+        mde = mde_at(se, pd.n, 1.0 - level)
         verdict = (
             "too few seeds"
             if pd.n < MIN_SEEDS
             else "by construction"
             if p.by_construction
+            else "tied"
+            if bool(np.all(np.abs(d) <= TOL))
             else "not resolved"
         )
         return Verdict(p, verdict, n=pd.n, diff=_finite_or_none(r["mean"]), low=_finite_or_none(r["low"]),
                        high=_finite_or_none(r["high"]), p=_finite_or_none(r["p"]), p_adj=_finite_or_none(r["p"]),
                        perm_p=_finite_or_none(r["perm_p"]), mde=_finite_or_none(mde), side=r["side"], level=level,
-                       block=self.block)  # fmt: skip
+                       block=self.block, se=_finite_or_none(se), alpha=1.0 - level)  # fmt: skip
 
     # ---- JSON
 
@@ -295,6 +314,7 @@ class StudyResult:
         }
         d["measures"] = [_json_measure(m) for m in self.measures]
         d["curves"] = _json_clean(self.curves, digits=CURVE_DIGITS)
+        d["drift"] = {arm: {k: _json_float(v) for k, v in vals.items()} for arm, vals in self.drift.items()}
         return d
 
     @classmethod
@@ -328,6 +348,10 @@ class StudyResult:
             block=d.get("block", "discovery"),
             first_seed=int(d.get("first_seed", 0)),
             grid=[dict(r) for r in d.get("grid", [])],
+            drift={
+                arm: {k: _from_json_float(v) for k, v in vals.items()}
+                for arm, vals in d.get("drift", {}).items()
+            },
         )
 
     def save(self, path: str | Path) -> Path:
@@ -348,13 +372,34 @@ class StudyResult:
         return cls.from_json(json.loads(gzip.decompress(data) if path.suffix == ".gz" else data))
 
 
+def mde_at(se: float, n: int, alpha: float, power: float = POWER) -> float:
+    """The minimal detectable effect of a two-sided paired t test at level ``alpha`` with ``power`` over
+    ``n`` seeds whose mean difference has standard error ``se``: (t_{1−α/2, n−1} + t_{power, n−1})·se
+    (NaN below 2 seeds or without a finite se)."""
+    if n < 2 or se is None or not math.isfinite(se):
+        return math.nan
+    return (t_quantile(1.0 - alpha / 2.0, n - 1) + t_quantile(power, n - 1)) * se
+
+
+def holm_levels(pvalues: Sequence[float], alpha: float) -> list[float]:
+    """The level Holm's step-down method tests each p-value at, in the order given: the j-th smallest of
+    the m p-values (ties in the order given) at α/(m − j + 1)."""
+    order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
+    out = [math.nan] * len(pvalues)
+    for j, i in enumerate(order):
+        out[i] = alpha / (len(pvalues) - j)
+    return out
+
+
 def decide(studies: Sequence[StudyResult], *, level: float = 0.95, adjust: str = "holm") -> list[Verdict]:
     """The verdicts of every prediction of ``studies`` (in order), decided as one family.
 
     Each prediction's paired t test (``StudyResult.paired``); the p-values of the predictions that can
-    be decided (enough seeds, measured, not by construction) are adjusted together with Holm's method
-    (``adjust="holm"``; ``"none"``: each alone), and each verdict reads its adjusted p at α = 1 − level
-    (module docstring). Decide a report's family in one call: the adjustment depends on the family.
+    be decided (enough seeds, measured, not by construction, not tied on every seed) are adjusted together
+    with Holm's method (``adjust="holm"``; ``"none"``: each alone), and each verdict reads its adjusted p at
+    α = 1 − level (module docstring). A family member's MDE is recomputed at the level its Holm step tests
+    it at (``holm_levels``; α itself with ``adjust="none"``). Decide a report's family in one call: the
+    adjustment depends on the family.
     """
     if adjust not in ("holm", "none"):
         raise ValueError(f"`adjust` must be 'holm' or 'none', got {adjust!r}")
@@ -363,14 +408,17 @@ def decide(studies: Sequence[StudyResult], *, level: float = 0.95, adjust: str =
     alpha = 1.0 - level
     raw = [study.paired(p, level=level) for study in studies for p in study.predictions]
     family = [i for i, v in enumerate(raw) if v.verdict == "not resolved" and v.p is not None]
-    adjusted = holm([raw[i].p for i in family]) if adjust == "holm" else [raw[i].p for i in family]
+    ps = [raw[i].p for i in family]
+    adjusted = holm(ps) if adjust == "holm" else ps
+    levels = holm_levels(ps, alpha) if adjust == "holm" else [alpha] * len(ps)
     out = list(raw)
-    for i, p_adj in zip(family, adjusted, strict=True):
+    for i, p_adj, a in zip(family, adjusted, levels, strict=True):
         v = raw[i]
         verdict = "not resolved"
         if p_adj < alpha and v.side != "tie":
             verdict = "held" if v.side == "predicted" else "contradicted"
-        out[i] = replace(v, verdict=verdict, p_adj=float(p_adj))
+        mde = _finite_or_none(mde_at(v.se if v.se is not None else math.nan, v.n, a))
+        out[i] = replace(v, verdict=verdict, p_adj=float(p_adj), alpha=float(a), mde=mde)
     return out
 
 
@@ -430,4 +478,6 @@ __all__ = [
     "StudyResult",
     "Verdict",
     "decide",
+    "holm_levels",
+    "mde_at",
 ]

@@ -49,14 +49,21 @@ reward):
   the curve of the sampled groups' mean reward (the training reward an LM run logs);
 - ``equiv_entropy_*``, ``template_kl_*``, ``equiv_log_odds_*`` at the last step (``final``), at step K
   (``at_step_K``) and at matched reward (``at_threshold``: interpolated linearly at E[R] = 0.9 between
-  the last step below and the first step at or above it, ``cancellation.diagnostics.value_at_threshold``;
-  NaN for a
-  seed that never gets there). Template KL exists on ``template_task`` only;
+  the last step below and the first step at or above it, ``cancellation.diagnostics.value_at_threshold``,
+  on the series that starts at step 0, the initial policy (``initial_values``), so a run that crosses at
+  step 1 is read between steps 0 and 1; NaN for a seed that never gets there). Template KL exists on
+  ``template_task`` only;
 - the residuals ``shared_residual``, ``group_shared_residual``, ``sequence_net_residual``: the mean over
   the steps that had one (an update with a non-zero gross coefficient);
 - ``asym`` (DFPO eq. 23), ``clip_frac``, ``clip_low_frac``, ``clip_high_frac``: the mean over the
   steps whose last optimiser step had a learning signal (``simulate`` only);
 - ``update_frac``: the fraction of steps that updated (reward-balanced batching defers updates).
+
+Study-level measure (not per seed; ``template_drift``, on scenarios with template contexts): the drift of
+the seed-mean template distribution after the last step from the initial one, ‖mean_s(π_s − π_0)‖² over
+the template contexts' actions, beside its sampling floor (what it would be if every seed drifted by a
+zero-mean amount) and their difference, the systematic part (DFPO App. G, Sec. 3.3), with a bootstrap SE.
+The per-seed template KL mixes this systematic drift with the seeds' zero-mean scatter.
 
 Curves for the figures: per arm, each seed's ``expected_reward`` (and ``equiv_entropy``,
 ``template_kl`` or ``equiv_log_odds``) at ≤ ``CURVE_POINTS`` evenly spaced steps, for the first
@@ -66,6 +73,7 @@ Curves for the figures: per arm, each seed's ``expected_reward`` (and ``equiv_en
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -76,7 +84,7 @@ import numpy as np
 import torch
 
 from cancellation.diagnostics import jitter2, steps_to_threshold, value_at_threshold
-from toymodel import ROW_KEYS, simulate, simulate_seeds
+from toymodel import ROW_KEYS, get_scenario, simulate, simulate_seeds
 from toymodel.batched import BATCHED_KEYS
 from toymodel.simulate import DEFAULT_LR
 
@@ -199,22 +207,155 @@ class Arm:
 
 
 def run_arm(
-    arm: Arm, scenario: str, seeds: Sequence[int], steps: int, *, per_seed: bool = False
+    arm: Arm,
+    scenario: str,
+    seeds: Sequence[int],
+    steps: int,
+    *,
+    per_seed: bool = False,
+    template_probs: bool = False,
 ) -> dict[int, dict[str, np.ndarray]]:
     """Train ``arm`` for every seed: seed → {row key → (steps,) float array}.
 
     The batched toy when it supports the arm (its keys, ``BATCHED_KEYS``), else ``simulate`` per seed
     (every ``ROW_KEYS``); ``per_seed=True`` forces ``simulate`` (for the objective's metrics).
+    ``template_probs=True`` adds ``"template_probs_final"`` to each seed: the policy's probabilities on
+    the scenario's template contexts after the last step (``template_probs``), for ``template_drift``.
     """
     seeds = [int(s) for s in seeds]
     if arm.batched and not per_seed:
-        res = simulate_seeds(scenario, arm.objective, seeds, steps=steps, **arm.run_kwargs())
-        return {s: {k: res[k][i].numpy().copy() for k in BATCHED_KEYS} for i, s in enumerate(seeds)}
+        if template_probs:
+            res, logits = _simulate_seeds_and_logits(scenario, arm.objective, seeds, steps, arm.run_kwargs())
+        else:
+            res = simulate_seeds(scenario, arm.objective, seeds, steps=steps, **arm.run_kwargs())
+        out = {s: {k: res[k][i].numpy().copy() for k in BATCHED_KEYS} for i, s in enumerate(seeds)}
+        if template_probs:
+            for i, s in enumerate(seeds):
+                out[s]["template_probs_final"] = template_probs_of(scenario, logits[i])
+        return out
     out = {}
+    last: dict[str, torch.Tensor] = {}
+
+    def keep(_step: int, logits: torch.Tensor) -> None:
+        last["logits"] = logits
+
     for s in seeds:
-        rows = simulate(scenario, arm.objective, steps=steps, seed=s, **arm.run_kwargs())
+        rows = simulate(scenario, arm.objective, steps=steps, seed=s, callback=keep if template_probs else None,
+                        **arm.run_kwargs())  # fmt: skip
         out[s] = {k: np.array([r[k] for r in rows], dtype=float) for k in ROW_KEYS}
+        if template_probs:
+            out[s]["template_probs_final"] = template_probs_of(scenario, last["logits"])
     return out
+
+
+def _simulate_seeds_and_logits(
+    scenario: str, objective: str, seeds: list[int], steps: int, kwargs: Mapping[str, Any]
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """``simulate_seeds``'s result and its (S, C, K) parameters after the last step.
+
+    ``simulate_seeds`` returns statistics only; its final parameters are its local ``logits`` when it
+    returns, read here with a profile hook on that one frame (``toymodel`` is left unchanged). Checked on
+    every call: the template KL recomputed from the logits read must equal the last row's.
+    """
+    code = simulate_seeds.__code__
+    got: dict[str, Any] = {}
+
+    def hook(frame: Any, event: str, _arg: Any) -> None:
+        if event == "return" and frame.f_code is code:
+            got["logits"] = frame.f_locals.get("logits")
+
+    previous = sys.getprofile()
+    sys.setprofile(hook)
+    try:
+        res = simulate_seeds(scenario, objective, seeds, steps=steps, **kwargs)
+    finally:
+        sys.setprofile(previous)
+    logits = got.get("logits")
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or logits.shape[0] != len(seeds):
+        raise RuntimeError(
+            "toymodel.simulate_seeds no longer keeps its (S, C, K) parameters in a local `logits`: give it a way "
+            "to return its final parameters and read them in experiments.toy._simulate_seeds_and_logits"
+        )
+    logits = logits.detach().clone()
+    sc = get_scenario(scenario)
+    ids = sc.template_context_ids()
+    if ids.numel():
+        pol = sc.policy()
+        kl = [pol.stats(logits[i], sc.initial_logits(), ids)["kl"] for i in range(len(seeds))]
+        last = res["template_kl"][:, -1].tolist()
+        if not np.allclose(kl, last, rtol=1e-6, atol=1e-9):
+            raise RuntimeError(
+                "the parameters read from toymodel.simulate_seeds do not reproduce its last template KL "
+                f"(max gap {max(abs(a - b) for a, b in zip(kl, last, strict=True)):.3g}): the local `logits` it "
+                "returns with is not its final policy; update experiments.toy._simulate_seeds_and_logits"
+            )
+    return res, logits
+
+
+def template_probs_of(scenario: str, logits: torch.Tensor) -> np.ndarray:
+    """π(a | h) on the scenario's template contexts h, flattened over (context, valid action), float64."""
+    sc = get_scenario(scenario)
+    ids = sc.template_context_ids()
+    if not ids.numel():
+        return np.zeros(0)
+    valid = sc.policy().valid[ids]
+    probs = torch.softmax(logits.detach().to(torch.float64)[ids], -1)
+    return probs[valid].numpy().copy()
+
+
+def initial_values(scenario: str) -> dict[str, float]:
+    """The initial policy's (step 0's) ``expected_reward``, ``equiv_entropy``, ``equiv_log_odds`` and
+    ``template_kl`` (0: the template KL is measured from the initial policy), exact."""
+    sc = get_scenario(scenario)
+    st = sc.policy().stats(sc.initial_logits())
+    return {
+        "expected_reward": st["expected_reward"],
+        "equiv_entropy": st["equiv_entropy"],
+        "equiv_log_odds": st["equiv_log_odds"],
+        "template_kl": 0.0,
+    }
+
+
+#: Bootstrap resamples of ``template_drift``'s standard error (seeded: a rerun gives the same SE).
+DRIFT_BOOT = 2000
+
+
+def template_drift(drifts: np.ndarray, *, n_boot: int = DRIFT_BOOT, seed: int = 0) -> dict[str, float]:
+    """The systematic part of the template drift over seeds (DFPO App. G, Sec. 3.3), from the (n, d) per-seed
+    drift vectors x_s = π_s(· | template) − π_0(· | template) after the last step.
+
+    - ``drift2``: ‖x̄‖², the squared drift of the seed-mean template distribution from the initial one;
+    - ``floor``: Σ_j Var_s(x_sj)/n (sample variance), what ``drift2`` averages when every seed's drift has
+      mean 0 (zero-mean, seed-to-seed drift only): the sampling floor;
+    - ``systematic``: ``drift2`` − ``floor`` = Σ_{s≠t} x_s·x_t / (n(n − 1)), unbiased for ‖E x‖² (can be < 0);
+      ``se``: its bootstrap standard error over seeds (``n_boot`` resamples);
+    - ``per_seed2``: the mean of ‖x_s‖² (systematic plus zero-mean part, the per-seed drift); ``n``.
+    """
+    x = np.asarray(drifts, dtype=float)
+    if x.ndim != 2 or x.shape[0] < 2:
+        raise ValueError(f"`drifts` must be an (n, d) array with n ≥ 2 seeds, got shape {x.shape}")
+    n = x.shape[0]
+
+    def stat(m: np.ndarray) -> tuple[float, float]:
+        mean = m.mean(0)
+        d2 = float(mean @ mean)
+        floor = float(m.var(0, ddof=1).sum() / n)
+        return d2, floor
+
+    d2, floor = stat(x)
+    rng = np.random.default_rng(seed)
+    boots = []
+    for _ in range(n_boot):
+        b2, bf = stat(x[rng.integers(0, n, n)])
+        boots.append(b2 - bf)
+    return {
+        "n": n,
+        "drift2": d2,
+        "floor": floor,
+        "systematic": d2 - floor,
+        "se": float(np.std(boots, ddof=1)) if n_boot > 1 else math.nan,
+        "per_seed2": float((x * x).sum(1).mean()),
+    }
 
 
 # --------------------------------------------------------------------------------------------------
@@ -244,11 +385,15 @@ def measure_seed(
     sample_budget: int,
     early_step: int,
     threshold: float = THRESHOLD,
+    initial: Mapping[str, float] | None = None,
 ) -> dict[str, float]:
     """Every per-seed measure of one run (``cols``: row key → (steps,) array, as ``run_arm`` gives).
 
     See the module docstring for the definitions. Objective metrics are included only when ``cols``
-    has them (``simulate`` rows).
+    has them (``simulate`` rows). ``initial``: the initial policy's values (``initial_values``), step 0
+    of the series the measures "at matched reward" interpolate on, so a run that crosses the threshold at
+    its first step is read between step 0 and step 1 (without it the series starts at step 1 and such a
+    run reads step 1's value).
     """
     er = np.asarray(cols["expected_reward"], dtype=float)
     steps = er.shape[0]
@@ -275,7 +420,14 @@ def measure_seed(
         v = np.asarray(cols[key], dtype=float)
         out[f"{key}_final"] = float(v[-1])
         out[f"{key}_at_step_{early_step}"] = at(v, early)
-        out[f"{key}_at_threshold"] = value_at_threshold(er, v, threshold)
+        if initial is None:
+            out[f"{key}_at_threshold"] = value_at_threshold(er, v, threshold)
+        else:
+            out[f"{key}_at_threshold"] = value_at_threshold(
+                np.concatenate([[initial["expected_reward"]], er]),
+                np.concatenate([[initial[key]], v]),
+                threshold,
+            )
     for key in RESIDUALS:
         out[key] = _mean_finite(cols[key])
     updated = np.asarray(cols["updated"], dtype=float)
@@ -462,11 +614,20 @@ class ToyStudy:
         # the report pairs every arm with the baseline seed by seed, so every arm runs the same seeds: the
         # batched count when every arm is batched, else the per-seed count (batched arms then run fewer)
         all_batched = not self.per_seed_only and all(a.batched for a in self.arms)
+        initial = initial_values(self.scenario)
+        has_template = bool(get_scenario(self.scenario).template_context_ids().numel())
+        drift: dict[str, dict[str, float]] = {}
         for arm in self.arms:
             t0 = time.perf_counter()
             batched = arm.batched and not self.per_seed_only
             n = sz.seeds if all_batched else sz.sim_seeds
-            runs = run_arm(arm, self.scenario, range(first, first + n), sz.steps, per_seed=not batched)
+            runs = run_arm(arm, self.scenario, range(first, first + n), sz.steps, per_seed=not batched,
+                           template_probs=has_template)  # fmt: skip
+            if has_template and n >= 2:
+                p0 = template_probs_of(self.scenario, get_scenario(self.scenario).initial_logits())
+                drift[arm.name] = template_drift(
+                    np.stack([cols["template_probs_final"] - p0 for cols in runs.values()])
+                )
             metric_runs: dict[int, dict[str, np.ndarray]] = {}
             m = min(sz.metric_seeds, n)
             if batched and m > 0 and any(k in METRIC_MEASURES.values() for k in keys):
@@ -476,6 +637,7 @@ class ToyStudy:
                 "samples_per_step": arm.samples_per_step,
                 "sample_budget": budget,
                 "early_step": self.early_step,
+                "initial": initial,
             }
             for s, cols in runs.items():
                 ms = measure_seed(cols, **kw)
@@ -567,6 +729,7 @@ class ToyStudy:
             seconds=time.perf_counter() - started,
             block=block,
             first_seed=first,
+            drift=drift,
         )
 
 
@@ -628,6 +791,11 @@ _MAIN_ARMS = (
     ),
 )
 _K_MAIN = 20
+#: DFPO App. K.2-K.4: Min-Replace only shrinks coefficients (φ_i = s̄_min/s̄_i ≤ 1, eq. 87-88): "smaller
+#: effective step sizes, potentially slowing convergence" against the eq. 86 control, its baseline.
+_K24 = f"{DFPO}, App. K.2-K.4 (eq. 86-88, 92): Min-Replace's conservative shrinkage slows convergence"
+#: DFPO App. K.4 (2): "clipping/KL constraints trigger less frequently".
+_K4_CLIP = f"{DFPO}, App. K.4 (2): Min-Replace suppresses tail ratios, so clipping triggers less often"
 _T2 = SRC_SPEED
 _CTRL = SRC_CONTROL
 _TAX = SRC_TAX
@@ -647,8 +815,11 @@ _MAIN_PREDICTIONS = (
        "dfpo_min_replace", "gspo", "lower"),
     _p("DFPO Orth-Proj reaches E[R] ≥ 0.9 in fewer steps than GSPO", _T2, "steps_to_threshold",
        "dfpo_orth_proj_pos", "gspo", "lower"),
-    _p("DFPO Min-Replace reaches E[R] ≥ 0.9 in fewer steps than the eq. 86 control (credit to the transform)",
-       _CTRL, "steps_to_threshold", "dfpo_min_replace", "gspo_eq86", "lower"),
+    _p("DFPO Min-Replace reaches E[R] ≥ 0.9 later than the eq. 86 control (Min-Replace shrinks every "
+       "non-minimal weight: smaller effective steps)", _K24, "steps_to_threshold", "dfpo_min_replace",
+       "gspo_eq86", "higher"),
+    _p("DFPO Min-Replace triggers clipping less often than the eq. 86 control (clip fraction)", _K4_CLIP,
+       "clip_frac", "dfpo_min_replace", "gspo_eq86", "lower"),
     _p("DFPO Orth-Proj reaches E[R] ≥ 0.9 in fewer steps than the eq. 86 control (credit to the transform)",
        _CTRL, "steps_to_threshold", "dfpo_orth_proj_pos", "gspo_eq86", "lower"),
     _p("DFPO's E[R] curve has lower Jitter₂ than GSPO's", f"{DFPO}, Sec. 4.5 Prediction 2 (eq. 20-21); Sec. 6",
@@ -698,8 +869,13 @@ _MAIN_NOTES = (
     "tests/cancellation/test_transforms.py), so it tests 'smaller updates' against the control, not against GSPO.",
     "At lr 0.5 with 4 inner epochs no token ratio leaves GRPO's [0.8, 1.2], so GRPO and GRPO-fix take "
     "identical steps (every per-seed difference is 0); toy_epsilon runs bigger steps where they separate.",
-    "Matched reward: the first step with E[R] ≥ 0.9 (NaN for a seed that never gets there, left out of the "
-    "paired difference). Matched steps: step 20 and the last step.",
+    "Matched reward: the value at E[R] = 0.9, interpolated linearly between the last step below 0.9 and the "
+    "first step at or above it, on the series that starts at step 0 (the initial policy, E[R] = 0.3), so a "
+    "run that crosses at step 1 is read between steps 0 and 1 (NaN for a seed that never gets there, left "
+    "out of the paired difference). Matched steps: step 20 and the last step.",
+    "App. K.2-K.4 registers Min-Replace against the eq. 86 control in the paper's direction: its shrinkage "
+    "(every weight replaced by the group's smallest) gives smaller effective steps, so it should be slower, "
+    "and fewer sequences should be clipped. The clip fraction comes from simulate on the first seeds only.",
     "Asym (eq. 23) is the within-group variance of w_i·Â_i, so it scales with w²: at ratio 1 it is the "
     "variance of Â (about 1 with std scaling) for every objective, and the scale-0.5 ablation's is a quarter "
     "of the control's by construction, not by cancellation. From simulate on the first seeds only.",
@@ -946,7 +1122,8 @@ _AGG_NOTES = (
     "length.",
     "DFPO's sequence-net residual is 0 only with seq-mean-token-mean (c_i = s̃_i·Â_i/B): token-mean and "
     "Dr. GRPO weigh c_i by |y_i|, so Σ_i c_i ≠ 0 with unequal lengths.",
-    "Matched reward: the first step with E[R] ≥ 0.9 (E[R] starts at 0.75). GSPO's own clip silences most "
+    "Matched reward: the value at E[R] = 0.9, interpolated linearly between the last step below 0.9 and the "
+    "first step at or above it, the initial policy (E[R] = 0.75) being step 0. GSPO's own clip silences most "
     "sequences after the first inner step, so it reaches the threshold along a different path (slower, "
     "fewer effective updates); the eq. 86 control keeps GSPO's coupled weights s̄ under DFPO's estimator, "
     "so DFPO vs the control isolates the coupling (inside GSPO's narrow band, where s̄ hardly spreads).",
@@ -1012,8 +1189,14 @@ _EPS_PREDICTIONS = (
     _p("With bigger steps, DFPO pays less learning tax than the eq. 86 control at ε 0.2 (credit to the "
        "transform)", f"{DFPO}, App. G; {REVIEW}", "template_kl_at_threshold", "dfpo_wide", "gspo_eq86_wide",
        "lower"),
-    _p("With bigger steps, DFPO reaches E[R] ≥ 0.9 sooner than the eq. 86 control at ε 0.2 (credit to the "
-       "transform)", f"{_T2}; {REVIEW}", "steps_to_threshold", "dfpo_wide", "gspo_eq86_wide", "lower"),
+    _p("With bigger steps, DFPO Min-Replace reaches E[R] ≥ 0.9 later than the eq. 86 control at ε 0.2 "
+       "(its shrinkage: smaller effective steps)", _K24, "steps_to_threshold", "dfpo_wide", "gspo_eq86_wide",
+       "higher"),
+    _p("With bigger steps, DFPO Min-Replace triggers clipping less often than the eq. 86 control at ε 0.2",
+       _K4_CLIP, "clip_frac", "dfpo_wide", "gspo_eq86_wide", "lower"),
+    _p("GRPO-fix keeps a higher equivalent-set entropy than GRPO at ε 0.2, matched reward (symmetric "
+       "clipping: 'slower updates but more stability')", f"{SRC_SYMCLIP_SLOWER}; {_ENT}",
+       "equiv_entropy_at_threshold", "grpo_symclip", "grpo", "higher"),
 )  # fmt: skip
 
 
@@ -1394,9 +1577,12 @@ __all__ = [
     "Arm",
     "Sizes",
     "ToyStudy",
+    "initial_values",
     "measure_seed",
     "result_path",
     "run_arm",
     "run_study",
     "run_toy",
+    "template_drift",
+    "template_probs_of",
 ]

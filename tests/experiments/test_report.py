@@ -126,9 +126,10 @@ def test_verdict_edge_cases() -> None:
     # ties from seeds that never reached the threshold: both at the horizon, only one seed differs
     tied = _diff_study([0.0] * 7 + [-1.0], horizon=10.0).verdicts()[0]
     assert tied.verdict == "not resolved" and tied.high > 0
-    # floating-point noise is a tie, not a difference with a tiny p
+    # floating-point noise is a tie, not a difference with a tiny p; tied on every seed, it is decided by
+    # construction (out of the family: see test_a_prediction_tied_on_every_seed_leaves_the_holm_family)
     noise = _diff_study([-1e-15] * 8).verdicts()[0]
-    assert (noise.verdict, noise.diff, noise.p) == ("not resolved", 0.0, 1.0)
+    assert (noise.verdict, noise.diff, noise.p) == ("tied", 0.0, 1.0)
     # by construction: shown with its difference, never held, left out of the family
     bc = _diff_study([-1.0] * 8, by_construction="zero gradient")
     v = decide([bc, _diff_study([-1.0, -1.2, -0.2, -0.9, 0.3, -1.1, -0.4, -0.8])])
@@ -239,3 +240,84 @@ def test_the_committed_report_is_what_the_committed_results_give() -> None:
     committed = (REPO / "experiments" / "REPORT.md").read_text().splitlines()
     start = committed.index(rows[0])
     assert committed[start : start + len(rows)] == rows
+
+
+def _t_quantile_by_bisection(q: float, df: int) -> float:
+    """Student's t quantile from its density integrated by Simpson's rule (2,000 panels) and bisection: an
+    independent path to the one ``experiments.stats.t_quantile`` takes."""
+
+    def cdf(x: float) -> float:
+        c = math.gamma((df + 1) / 2) / (math.sqrt(df * math.pi) * math.gamma(df / 2))
+        f = lambda t: c * (1 + t * t / df) ** (-(df + 1) / 2)  # noqa: E731
+        n, h = 2000, x / 2000
+        s = f(0.0) + f(x) + sum((4 if i % 2 else 2) * f(i * h) for i in range(1, n))
+        return 0.5 + s * h / 3
+
+    lo, hi = 0.0, 50.0
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf(mid) < q else (lo, mid)
+    return (lo + hi) / 2
+
+
+def test_a_prediction_tied_on_every_seed_leaves_the_holm_family(tmp_path) -> None:
+    """Every per-seed difference 0 (two arms that took identical steps): the verdict is 'tied', it does not
+    count in Holm's m (the other prediction, alone in the family, keeps its raw p), and the report lists
+    it apart."""
+    tied = _diff_study([0.0] * 8)
+    lone = _diff_study([-1.0, -1.2, -0.2, -0.9, 0.3, -1.1, -0.4, -0.8])
+    v = decide([tied, lone])
+    assert v[0].verdict == "tied" and v[0].diff == 0.0
+    assert v[1].p_adj == v[1].p and v[1].verdict == "held"  # m = 1, not 2
+    # a tie on all but one seed is a difference, tested in the family (m = 2: Holm doubles the smaller p)
+    almost = _diff_study([0.0] * 7 + [-1e-3])
+    w = decide([almost, lone])
+    assert w[0].verdict == "not resolved" and w[1].p_adj == pytest.approx(2 * w[1].p)
+    tied.name = "toy_tied"  # the report keeps one study per name
+    text = write_report([tied, lone], tmp_path / "R.md", png=False).read_text()
+    assert "**Tied on every seed (decided by construction, not in the Holm family):**" in text
+    assert "- toy_tied: b is lower (b vs a, 8 seeds)" in text
+    assert "1 held, 0 contradicted, 0 not resolved, 1 tied on every seed" in text
+
+
+def test_the_mde_is_computed_at_the_level_holm_tests_each_prediction_at() -> None:
+    """Three predictions with p-values p1 < p2 < p3: Holm tests them at α/3, α/2, α; each MDE is
+    (t_{1−a/2, n−1} + t_{0.8, n−1})·sd/√n at its own a, with t quantiles from an independent integration."""
+    ds = [
+        [-1.0, -1.2, -0.2, -0.9, 0.3, -1.1, -0.4, -0.8],  # p ≈ 0.008: the smallest, tested at α/3
+        [-1.0, 0.4, -0.8, -0.3, 0.3, -1.0, -0.2, -0.5],  # p ≈ 0.084: at α/2
+        [-1.0, 0.5, -0.4, 0.7, -0.9, 0.2, -0.6, 0.1],  # p ≈ 0.47: at α
+    ]
+    v = decide([_diff_study(d) for d in ds])
+    assert v[0].p < v[1].p < v[2].p
+    t80 = _t_quantile_by_bisection(0.8, 7)
+    for verdict, d, a in zip(v, ds, (0.05 / 3, 0.05 / 2, 0.05), strict=True):
+        x = np.array(d)
+        want = (_t_quantile_by_bisection(1 - a / 2, 7) + t80) * x.std(ddof=1) / math.sqrt(8)
+        assert verdict.alpha == pytest.approx(a, rel=1e-12)
+        assert verdict.mde == pytest.approx(want, rel=1e-6)
+    # alone (no adjustment) the smallest is tested at α itself: a smaller MDE
+    (alone,) = _diff_study(ds[0]).verdicts()
+    x = np.array(ds[0])
+    assert alone.mde == pytest.approx((T975_7 + t80) * x.std(ddof=1) / math.sqrt(8), rel=1e-6)
+    assert v[0].mde > 1.2 * alone.mde
+
+
+def test_the_report_prints_the_seed_mean_drift_or_says_a_rerun_is_needed(tmp_path) -> None:
+    from experiments.report import CANNOT_TEST, drift_table
+
+    old = _study(name="toy_main", setting="toymodel scenario `template_task`, 12 steps")
+    assert "rerun needed" in drift_table(old)
+    assert drift_table(_study()) == ""  # not a template study: nothing to say
+    new = _study(
+        name="toy_main",
+        setting="toymodel scenario `template_task`",
+        drift={"fast": {"n": 8.0, "drift2": 0.004, "floor": 0.001, "systematic": 0.003, "se": 0.0005,
+                        "per_seed2": 0.012}},
+    )  # fmt: skip
+    table = drift_table(new)
+    assert "| Fast | 8 | 0.004 | 0.001 | +0.003 ± 5.00e-04 | 0.012 | 0.25 |" in table  # share 0.003/0.012
+    text = write_report([new], tmp_path / "R.md", png=False).read_text()
+    assert "## What these studies cannot test" in text
+    assert all(c in text for c in CANNOT_TEST)
+    assert StudyResult.from_json(new.to_json()).drift == new.drift

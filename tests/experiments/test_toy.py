@@ -15,13 +15,16 @@ from experiments.toy import (
     STUDIES,
     THRESHOLD,
     Sizes,
+    initial_values,
     measure_seed,
     result_path,
     run_arm,
     run_study,
     run_toy,
+    template_drift,
+    template_probs_of,
 )
-from toymodel import simulate, simulate_seeds
+from toymodel import get_scenario, simulate, simulate_seeds
 
 #: The smallest slice of a study: 2 seeds (per path), 12 steps, 1 seed of objective metrics.
 SLICE = {"seeds": 2, "sim_seeds": 2, "steps": 12, "metric_seeds": 1, "progress": None}
@@ -79,13 +82,16 @@ def test_measures_equal_a_plain_loop_over_simulate_rows() -> None:
     spec = dataclasses.replace(spec, arms=three, predictions=())  # three of its arms, as configured there
     study = spec.run(seeds=3, sim_seeds=3, steps=steps, metric_seeds=2, progress=None)
     reached = 0
+    # step 0, the initial policy, by hand: 0.7/0.2/0.1 on each of 5 template positions, 0.3 on "correct"
+    h = -(0.7 * math.log(0.7) + 0.2 * math.log(0.2) + 0.1 * math.log(0.1))
+    step0 = {"expected_reward": 0.3, "template_kl": 0.0, "equiv_entropy": 5 * h}
     for arm_name in ("gspo", "gspo_eq86", "dfpo_min_replace"):
         arm = STUDIES["toy_main"].arm(arm_name)
         got = study.per_seed[arm_name]
         for seed in range(3):
             rows = simulate("template_task", arm.objective, steps=steps, seed=seed, **arm.run_kwargs())
             s = str(seed)
-            hit, prev = None, None
+            hit, prev = None, step0
             for row in rows:  # the first step whose exact E[R] reaches the threshold
                 if row["expected_reward"] >= THRESHOLD:
                     hit = row
@@ -100,16 +106,11 @@ def test_measures_equal_a_plain_loop_over_simulate_rows() -> None:
                 reached += 1
                 assert got["steps_to_threshold"][s] == hit["step"]
                 assert got["samples_to_threshold"][s] == hit["step"] * 8 * 1  # steps × G × groups
-                # matched reward: the straight line between the step before and the crossing step, at 0.9
-                f = (
-                    1.0
-                    if prev is None
-                    else (THRESHOLD - prev["expected_reward"])
-                    / (hit["expected_reward"] - prev["expected_reward"])
-                )
+                # matched reward: the straight line between the step before (step 0 for a crossing at
+                # step 1) and the crossing step, at 0.9
+                f = (THRESHOLD - prev["expected_reward"]) / (hit["expected_reward"] - prev["expected_reward"])
                 for key in ("template_kl", "equiv_entropy"):
-                    before = hit[key] if prev is None else prev[key]
-                    want = before + f * (hit[key] - before)
+                    want = prev[key] + f * (hit[key] - prev[key])
                     assert got[f"{key}_at_threshold"][s] == pytest.approx(want, abs=1e-9)
             assert got["final_reward"][s] == pytest.approx(rows[-1]["expected_reward"], abs=1e-9)
             assert got["reward_at_step_20"][s] == pytest.approx(rows[19]["expected_reward"], abs=1e-9)
@@ -281,3 +282,99 @@ def test_confirmation_block_runs_fresh_seeds_with_the_same_arms() -> None:
     )
     with pytest.raises(ValueError, match="`block` must be one of"):
         run_study("toy_main", block="holdout", **SLICE)
+
+
+def test_initial_values_are_the_scenarios_initial_policy_by_hand() -> None:
+    """Step 0 of the matched-reward series: template_task's 0.7/0.2/0.1 synonyms at 5 positions and 0.3 on
+    the correct answer; equivalent_solutions' two correct answers at 1/4 and 1/2 of the mass (E[R] 0.75)."""
+    t = initial_values("template_task")
+    h = -(0.7 * math.log(0.7) + 0.2 * math.log(0.2) + 0.1 * math.log(0.1))
+    assert t["expected_reward"] == pytest.approx(0.3, abs=1e-12)
+    assert t["equiv_entropy"] == pytest.approx(5 * h, abs=1e-12)  # the synonyms' entropies add up
+    assert t["equiv_log_odds"] == pytest.approx(5 * math.log(0.7 / 0.2), abs=1e-12)  # all-first vs all-second
+    assert t["template_kl"] == 0.0
+    e = initial_values("equivalent_solutions")
+    assert e["expected_reward"] == pytest.approx(0.75, abs=1e-12)
+    assert e["equiv_entropy"] == pytest.approx(-(math.log(1 / 3) / 3 + 2 * math.log(2 / 3) / 3), abs=1e-12)
+    assert e["equiv_log_odds"] == pytest.approx(math.log(0.5), abs=1e-12)
+
+
+def test_matched_reward_interpolates_from_step_0() -> None:
+    """A run that crosses E[R] = 0.9 at its first step is read between step 0 (the initial policy) and step 1;
+    without the initial values the series starts at step 1 and reads step 1's value (the old behaviour)."""
+    cols = {
+        "step": [1.0, 2.0],
+        "updated": [1.0, 1.0],
+        "expected_reward": [0.96, 0.99],
+        "sampled_reward": [1.0, 1.0],
+        "equiv_entropy": [3.0, 2.9],
+        "template_kl": [2.0, 2.5],
+        "equiv_log_odds": [1.0, 1.5],
+        "shared_residual": [0.1, 0.1],
+        "group_shared_residual": [0.1, 0.1],
+        "sequence_net_residual": [0.1, 0.1],
+    }
+    cols = {k: torch.tensor(v, dtype=torch.float64).numpy() for k, v in cols.items()}
+    init = {"expected_reward": 0.3, "template_kl": 0.0, "equiv_entropy": 4.0, "equiv_log_odds": 6.0}
+    m = measure_seed(cols, samples_per_step=8, sample_budget=100, early_step=1, initial=init)
+    f = (0.9 - 0.3) / (0.96 - 0.3)  # 10/11 of the way from step 0 to step 1
+    assert m["template_kl_at_threshold"] == pytest.approx(f * 2.0, abs=1e-15)
+    assert m["equiv_entropy_at_threshold"] == pytest.approx(4.0 - f * 1.0, abs=1e-15)
+    assert m["equiv_log_odds_at_threshold"] == pytest.approx(6.0 - f * 5.0, abs=1e-15)
+    assert m["steps_to_threshold"] == 1.0  # the speed is still counted in updates
+    old = measure_seed(cols, samples_per_step=8, sample_budget=100, early_step=1)
+    assert old["template_kl_at_threshold"] == 2.0
+
+
+def test_template_drift_by_hand() -> None:
+    """Drift vectors (1, 0), (0, 1), (1, 1): seed mean (2/3, 2/3), drift² 8/9; per-coordinate sample variance
+    1/3, floor (1/3 + 1/3)/3 = 2/9; systematic = Σ_{s≠t} x_s·x_t / (n(n − 1)) = (0 + 1 + 1)·2/6 = 2/3."""
+    d = template_drift(
+        torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], dtype=torch.float64).numpy(), n_boot=50
+    )
+    assert d["n"] == 3
+    assert d["drift2"] == pytest.approx(8 / 9, abs=1e-15)
+    assert d["floor"] == pytest.approx(2 / 9, abs=1e-15)
+    assert d["systematic"] == pytest.approx(2 / 3, abs=1e-15)
+    assert d["per_seed2"] == pytest.approx(4 / 3, abs=1e-15)  # (1 + 1 + 2) / 3
+    assert d["se"] > 0
+    same = template_drift(torch.ones(4, 3, dtype=torch.float64).numpy(), n_boot=20)  # no spread: no floor
+    assert (same["drift2"], same["floor"], same["systematic"], same["se"]) == (3.0, 0.0, 3.0, 0.0)
+    with pytest.raises(ValueError, match="n ≥ 2"):
+        template_drift(torch.ones(1, 3).numpy())
+
+
+def test_study_drift_equals_a_plain_loop_over_each_seeds_final_policy() -> None:
+    """The study's seed-mean template drift: the batched arm's final template probabilities (read from
+    simulate_seeds) equal each seed's own simulate run's (its callback), and the study-level numbers equal
+    a plain loop over those per-seed vectors."""
+    spec = STUDIES["toy_main"]
+    arms = tuple(spec.arm(n) for n in ("gspo_eq86", "dfpo_min_replace"))
+    spec = dataclasses.replace(spec, arms=arms, baseline="gspo_eq86", predictions=())
+    steps, n = 15, 4
+    study = spec.run(seeds=n, sim_seeds=n, steps=steps, metric_seeds=0, progress=None)
+    sc = get_scenario("template_task")
+    p0 = torch.softmax(sc.initial_logits().to(torch.float64), -1)[:5].flatten().tolist()  # 5 contexts × 3
+    assert template_probs_of("template_task", sc.initial_logits()).tolist() == pytest.approx(p0, abs=1e-15)
+    for arm in arms:
+        batched = run_arm(arm, "template_task", range(n), steps, template_probs=True)
+        vecs = []
+        for seed in range(n):
+            seen: list[torch.Tensor] = []  # every step's logits, in order
+            simulate("template_task", arm.objective, steps=steps, seed=seed,
+                     callback=lambda _k, lg, out=seen: out.append(lg), **arm.run_kwargs())  # fmt: skip
+            assert len(seen) == steps
+            probs = torch.softmax(seen[-1].to(torch.float64), -1)[:5].flatten().tolist()
+            assert batched[seed]["template_probs_final"].tolist() == pytest.approx(probs, abs=1e-6)
+            vecs.append([a - b for a, b in zip(probs, p0, strict=True)])
+        mean = [sum(v[j] for v in vecs) / n for j in range(15)]
+        drift2 = sum(m * m for m in mean)
+        floor = sum(sum((v[j] - mean[j]) ** 2 for v in vecs) / (n - 1) for j in range(15)) / n
+        got = study.drift[arm.name]
+        assert got["n"] == n
+        assert got["drift2"] == pytest.approx(drift2, rel=1e-5, abs=1e-12)
+        assert got["floor"] == pytest.approx(floor, rel=1e-5, abs=1e-12)
+        assert got["systematic"] == pytest.approx(drift2 - floor, rel=1e-4, abs=1e-10)
+    assert drift2 > 0  # the arms learned: the template moved
+    back = StudyResult.from_json(study.to_json())
+    assert back.drift == study.drift
