@@ -6,15 +6,21 @@ serves all seeds (no Python loop over seeds inside a step). Per seed it reproduc
 rounding (tested to 1e-6 on ``template_task`` and ``equivalent_solutions``):
 
 - the same random stream: seed s draws from ``torch.Generator().manual_seed(s)`` exactly what
-  ``simulate`` draws. ``torch.multinomial(p, n, replacement=True)`` on CPU consumes n float64 uniforms
-  and returns the inverse-CDF index ``searchsorted(cumsum(p) / Σp, u)`` (checked draw for draw in the
-  tests), so the batched toy draws the same uniforms (``torch.rand(..., dtype=float64)``) and inverts
-  the CDF itself. With one mini-batch nothing else touches the generator, so each seed's uniforms for
-  the whole run are drawn at once (S generator calls per run); with ``num_minibatches`` > 1 the
+  ``simulate`` draws: per step B × T float64 uniforms (``torch.rand(B, T)``, one per sample row and
+  token position, T the longest trajectory), and each row is sampled token by token from π_old, the
+  token at position t being the inverse CDF of π_old(·|h_t) at u[b, t]
+  (``TabularPolicy.sample_from_uniforms``, batched over the seeds: (S, C, K) tables, (S, B, T)
+  uniforms). With one mini-batch nothing else touches the generator, so each seed's uniforms for the
+  whole run are drawn at once (S generator calls per run; consecutive ``torch.rand`` calls continue
+  one stream, so this equals ``simulate``'s per-step draws); with ``num_minibatches`` > 1 the
   query-preserved split's ``torch.randperm`` draws interleave, and each seed's draws are then made per
-  step in ``simulate``'s order (a small loop over the seeds per step: correct, but slower);
+  step in ``simulate``'s order (its B × T uniforms, then one randperm per inner epoch: a small loop
+  over the seeds per step, correct but slower);
 - common random numbers across arms: the uniforms depend on the seed only, never on the objective, so
-  two arms with the same seed differ only through their policies;
+  two arms with the same seed differ only through their policies, and they pair position by
+  position: a policy change moves the token at position t only where π(·|h_t)'s boundaries move past
+  u[b, t] (one uniform inverted over all N trajectories' CDF, the scheme before, moved every
+  boundary with any change, and two arms' draws were barely paired);
 - the objective: S seeds × ``num_groups`` groups are one flat batch for ``cancellation.update.coefficients``
   (the objectives already take a flat batch with group ids), with a unique group id per (seed, group)
   and seed-major rows. The aggregation's normaliser is made per seed: the ``seq-mean-*`` aggregations
@@ -178,12 +184,6 @@ class _Exact:
         return out
 
 
-def _cdf(p: Tensor) -> Tensor:
-    """(S, N) the normalised CDF ``torch.multinomial`` inverts: cumsum(p) / Σp (the last entry exactly 1)."""
-    c = torch.cumsum(p, -1)
-    return c / c[:, -1:]
-
-
 def simulate_seeds(
     scenario: Scenario | str,
     objective: str,
@@ -316,35 +316,36 @@ def simulate_seeds(
     # equal-size groups, query_preserved_split's LPT rule deals the shuffled groups round robin
     bin_sizes = [len(range(k, num_groups, num_minibatches)) for k in range(num_minibatches)]
 
+    t_n = policy.T  # uniforms per sample row: one per token position
     uniforms = None
     if num_minibatches == 1:  # nothing but the sampling uses the generators: draw the whole run at once
-        uniforms = torch.stack([torch.rand(steps * batch, dtype=torch.float64, generator=g) for g in gens])
-        uniforms = uniforms.view(n_seeds, steps, batch)
+        uniforms = torch.stack(
+            [torch.rand(steps * batch * t_n, dtype=torch.float64, generator=g) for g in gens]
+        ).view(n_seeds, steps, batch, t_n)
 
     out = {k: torch.full((n_seeds, steps), math.nan, dtype=torch.float64) for k in BATCHED_KEYS}
     samples = torch.zeros((n_seeds, steps, batch), dtype=torch.long) if return_samples else None
     stat_keys = ("expected_reward", "entropy", "equiv_entropy", "equiv_log_odds", "template_kl")
-    # per-seed state: log-softmax tables, trajectory log-probs, their CDF and the exact statistics. A
-    # seed that does not move this step keeps them, so they are recomputed only for the seeds that move
+    # per-seed state: log-softmax tables and the exact statistics. A seed that does not move this step
+    # keeps them, so they are recomputed only for the seeds that move
     lsm = torch.log_softmax(logits, -1)
     lp = exact.traj_logp(lsm)
-    p_traj = lp.exp()
-    cdf = _cdf(p_traj)
-    prev = exact.stats(lsm, lp, p_traj)
+    prev = exact.stats(lsm, lp, lp.exp())
     gid = (torch.arange(n_seeds)[:, None] * num_groups + within).flatten()
     for step in range(1, steps + 1):
         col = step - 1
-        # 1-3: samples (inverse CDF of each seed's own uniforms under θ_old), rewards, advantages
+        # 1-3: samples (token by token, each position's inverse CDF under θ_old at the seed's own
+        # uniform), rewards, advantages
         perms: list[list[Tensor]] = []
         if uniforms is not None:
             u = uniforms[:, col].contiguous()
-        else:  # simulate's order per seed: B uniforms, then one randperm per inner epoch
+        else:  # simulate's order per seed: B × T uniforms, then one randperm per inner epoch
             u_list = []
             for g in gens:
-                u_list.append(torch.rand(batch, dtype=torch.float64, generator=g))
+                u_list.append(torch.rand(batch, t_n, dtype=torch.float64, generator=g))
                 perms.append([torch.randperm(num_groups, generator=g) for _ in range(inner_epochs)])
             u = torch.stack(u_list)
-        idx = torch.searchsorted(cdf, u).clamp_(max=policy.N - 1)  # (S, B)
+        idx = policy.sample_from_uniforms(lsm, u)  # (S, B)
         if samples is not None:
             samples[:, col] = idx
         rewards = policy.rewards[idx]
@@ -471,7 +472,6 @@ def simulate_seeds(
             lp_a = exact.traj_logp(lsm_a)
             p_a = lp_a.exp()
             lsm[active] = lsm_a
-            cdf[active] = _cdf(p_a)
             new = exact.stats(lsm_a, lp_a, p_a)
             for name in stat_keys:
                 prev[name][active] = new[name]

@@ -146,6 +146,31 @@ class TabularPolicy:
         # flat (step -> context) incidence, used for exact visit probabilities
         self._flat_traj = torch.arange(n)[:, None].expand(n, t_max)[self.valid_steps]
         self._flat_ctx = ctx[self.valid_steps]
+        # the prefix tree (in both modes): node 0 is the empty prefix; a node's context is its prefix
+        # (``prefix`` mode) or its depth (``position`` mode). ``sample_from_uniforms`` walks it
+        node_id: dict[tuple[str, ...], int] = {(): 0}
+        node_ctx, node_traj, edges = [0], [-1], []
+        for i, (tau, row) in enumerate(zip(trajs, steps, strict=True)):
+            for t, (c, a) in enumerate(row):
+                parent = node_id[tau[:t]]
+                node_ctx[parent] = c
+                child = node_id.setdefault(tau[: t + 1], len(node_ctx))
+                if child == len(node_ctx):
+                    node_ctx.append(0)
+                    node_traj.append(-1)
+                edges.append((parent, a, child))
+            node_traj[node_id[tau]] = i
+        n_nodes = len(node_ctx)
+        # child node of (node, action slot); −1 on a slot the node's context does not have; a leaf
+        # (a complete trajectory) is absorbing: every slot leads back to it
+        node_child = torch.full((n_nodes, k_n), -1, dtype=torch.long)
+        for parent, a, child in edges:
+            node_child[parent, a] = child
+        self._node_traj = torch.tensor(node_traj, dtype=torch.long)  # (M,) trajectory of a leaf, −1 inside
+        leaves = torch.nonzero(self._node_traj >= 0).flatten()
+        node_child[leaves] = leaves[:, None]
+        self._node_ctx = torch.tensor(node_ctx, dtype=torch.long)  # (M,) context of a node (0 at a leaf)
+        self._node_child = node_child
         eq = [int(i) for i in equivalent]
         for i in eq:
             if not 0 <= i < n:
@@ -308,6 +333,42 @@ class TabularPolicy:
         with torch.no_grad():
             p = self.probs(logits.detach())
         return torch.multinomial(p, n, replacement=True, generator=generator)
+
+    def sample_from_uniforms(self, logits: Tensor, u: Tensor) -> Tensor:
+        """Sample trajectories token by token, each position's token from its own uniform (inverse CDF).
+
+        Row b starts at the empty prefix; at position t its context h_t (the prefix, or t in ``position``
+        mode) picks the action a_t whose cumulative-probability interval [F(a−1|h_t), F(a|h_t)) holds
+        u[b, t] (F the normalised cumsum of π(·|h_t) over its action slots, a slot of probability 0 is
+        never picked), and a_t leads to the next prefix. Once a row reaches the end of a trajectory its
+        remaining uniforms are ignored (every row has T uniforms, T the longest trajectory). With the
+        u[b, t] i.i.d. uniform on [0, 1) the row's trajectory τ has probability Π_t π(a_t|h_t) = π(τ):
+        exactly the policy's trajectory distribution (tested by exact measure on a grid of uniforms).
+
+        Common random numbers: a change of the policy moves only the boundaries of the contexts it
+        changes, and each position's token depends on its own uniform, so two policies given the same
+        uniforms draw mostly the same tokens (unlike one uniform inverted over all N trajectories).
+
+        Args:
+            logits: (C, K) logits, or (*L, C, K) one table per leading index (e.g. per seed).
+            u: (B, T) float uniforms in [0, 1), or (*L, B, T) with the same leading shape as ``logits``.
+        Returns:
+            (B,) or (*L, B) long indices into the support.
+        """
+        if u.dim() < 2 or u.shape[-1] != self.T or tuple(u.shape[:-2]) != tuple(logits.shape[:-2]):
+            raise ValueError(
+                f"`u` must have shape (*L, B, T) with T = {self.T} and the leading shape of `logits` "
+                f"{tuple(logits.shape[:-2])}; got {tuple(u.shape)}"
+            )
+        with torch.no_grad():
+            c = torch.cumsum(torch.softmax(logits.detach(), -1), -1)
+            cdf = c / c[..., -1:]  # (*L, C, K) normalised per context; the last used slot is exactly 1
+            node = torch.zeros(u.shape[:-1], dtype=torch.long)  # (*L, B) every row at the empty prefix
+            for t in range(self.T):
+                rows = torch.take_along_dim(cdf, self._node_ctx[node][..., None], dim=-2)  # (*L, B, K)
+                a = (rows <= u[..., t, None]).sum(-1)  # the first slot whose F exceeds u
+                node = self._node_child[node, a]
+            return self._node_traj[node]
 
     # ------------------------------------------------------------------------------------------
     # exact statistics (floats)

@@ -6,7 +6,14 @@ backward to the parameters (closed form) are the toy's own. Every step:
 
 1. freeze θ_old (a copy of the current logits);
 2. sample ``num_groups`` groups of ``group_size`` trajectories from π_old (each group gets its own
-   prompt id; all groups answer the same prompt distribution, the scenario's single prompt);
+   prompt id; all groups answer the same prompt distribution, the scenario's single prompt), token by
+   token: the step draws B × T float64 uniforms from the run's generator (``torch.rand(B, T)``, T the
+   longest trajectory: one per sample row and token position) and row b takes at position t the
+   token whose cumulative-probability interval under π_old(·|h_t) holds u[b, t]
+   (``TabularPolicy.sample_from_uniforms``, exactly π_old's trajectory distribution). The uniforms
+   depend on the seed only, never on the objective or the policy, so two arms with the same seed
+   share them position by position (common random numbers: a change of the policy moves only the
+   tokens whose own context's boundaries moved past their uniform);
 3. rewards, then ``cancellation.group_advantages`` per group;
 4. reward-balanced batching (optional, ``reward_balanced_rho``): the groups join a
    ``cancellation.update.RewardBalancedBuffer`` (a FIFO of whole groups, payload: the trajectory
@@ -206,7 +213,8 @@ def simulate(
             setting of the paper's first-order analysis, eq. 40) or ``"adam"``.
         inner_epochs: passes over the mini-batches per step against the same θ_old (PPO epochs).
         seed: seeds the one ``torch.Generator`` used for sampling and mini-batch splits; the same seed
-            gives identical rows.
+            gives identical rows. Each step draws its B × T sampling uniforms first, then the splits'
+            ``torch.randperm`` draws (none with one mini-batch).
         num_groups: groups per step (each its own prompt id).
         batching: ``"query"`` (query-preserved mini-batches) or ``"random"``.
         num_minibatches: optimiser steps per inner epoch.
@@ -288,8 +296,10 @@ def simulate(
     for step in range(1, steps + 1):
         # 1-3: freeze θ_old, sample the groups, rewards and advantages
         lsm_old = torch.log_softmax(logits, -1)  # θ_old: frozen for the whole step
-        probs_old = (lsm_old[policy.ctx, policy.act] * policy.mask).sum(-1).exp()
-        idx: Tensor | None = torch.multinomial(probs_old, batch, replacement=True, generator=gen)
+        # one uniform per (row, token position), drawn before the step's mini-batch splits, then each
+        # row sampled token by token from π_old (common random numbers across objectives)
+        u = torch.rand(batch, policy.T, dtype=torch.float64, generator=gen)
+        idx: Tensor | None = policy.sample_from_uniforms(lsm_old, u)
         group = within + (step - 1) * num_groups  # unique prompt ids across steps (the buffer mixes steps)
         rewards = policy.rewards[idx]
         adv = group_advantages(rewards, group, scale=adv_scale)

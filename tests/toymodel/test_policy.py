@@ -21,6 +21,8 @@ from toymodel.scenarios import (
     get_scenario,
 )
 
+from .sampling import sample_by_hand
+
 #: Every comparison here is between two float64 computations of the same number, at a tolerance well above
 #: float64's rounding (the tabular policy vs enumeration and autograd): ``tests/exactness.py``.
 pytestmark = pytest.mark.exactness
@@ -113,6 +115,70 @@ def test_sample_is_reproducible_with_a_generator() -> None:
     a = policy.sample(50, logits, torch.Generator().manual_seed(3))
     b = policy.sample(50, logits, torch.Generator().manual_seed(3))
     assert torch.equal(a, b)
+
+
+def _dyadic_logits(policy: TabularPolicy, m: int, seed: int) -> torch.Tensor:
+    """Logits whose every π(a|h) is a multiple of 1/m (a random composition of m per context)."""
+    g = torch.Generator().manual_seed(seed)
+    z = torch.full((policy.C, policy.K), float("-inf"), dtype=torch.float64)
+    for c, acts in enumerate(policy.actions):
+        k = len(acts)
+        cuts = sorted((torch.randperm(m - 1, generator=g)[: k - 1] + 1).tolist())
+        parts = [b - a for a, b in zip([0, *cuts], [*cuts, m], strict=True)]
+        z[c, :k] = torch.tensor(parts, dtype=torch.float64).log()
+    return z
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+@pytest.mark.parametrize("seed", [0, 1])
+def test_per_position_sampling_gives_each_trajectory_its_exact_measure(name: str, seed: int) -> None:
+    """Exactness by measure: with every π(a|h) a multiple of 1/m, the sampler is constant on each cell of
+    the m^T grid of [0, 1)^T (every boundary F(a|h) is a multiple of 1/m), so mapping the cells'
+    midpoints gives trajectory τ exactly m^T·π(τ) cells when the per-position draws are distributed
+    exactly as π. π(τ) by the plain loop (a product of the integers over m^T, exact in float64)."""
+    policy = get_scenario(name).policy()
+    m = 4 if policy.K <= 4 else 8
+    logits = _dyadic_logits(policy, m, seed)
+    axes = [(torch.arange(m, dtype=torch.float64) + 0.5) / m] * policy.T
+    grid = torch.cartesian_prod(*axes).reshape(-1, policy.T)  # (m^T, T) midpoints
+    counts = torch.bincount(policy.sample_from_uniforms(logits, grid), minlength=policy.N)
+    expected = [round(p * m**policy.T) for p in loop_probs(policy, logits)]
+    assert sum(expected) == m**policy.T
+    assert counts.tolist() == expected
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_per_position_sampling_equals_a_plain_loop(name: str) -> None:
+    """Draw for draw on random uniforms and random policies, one table and a batch of tables (per seed)."""
+    policy = get_scenario(name).policy()
+    gen = torch.Generator().manual_seed(5)
+    tables = torch.stack([random_logits(policy, s) for s in range(3)])  # (3, C, K)
+    u = torch.rand(3, 40, policy.T, dtype=torch.float64, generator=gen)
+    batched = policy.sample_from_uniforms(tables, u)
+    assert batched.shape == (3, 40)
+    for s in range(3):
+        one = policy.sample_from_uniforms(tables[s], u[s])
+        assert torch.equal(one, batched[s])
+        assert one.tolist() == sample_by_hand(policy, tables[s], u[s])
+    # a uniform at 0 picks the first action of positive probability; near 1, the last one
+    z = policy.uniform_logits()
+    first = policy.sample_from_uniforms(z, torch.zeros(1, policy.T, dtype=torch.float64))
+    last = policy.sample_from_uniforms(z, torch.full((1, policy.T), 1 - 2**-53, dtype=torch.float64))
+    assert int(first) == 0
+    tau = []
+    while tuple(tau) not in policy.trajectories:
+        c = policy.context_id(tuple(tau) if policy.context_mode == "prefix" else len(tau))
+        tau.append(policy.actions[c][-1])
+    assert int(last) == policy.trajectory_index(tau)
+
+
+def test_per_position_sampling_rejects_misshapen_uniforms() -> None:
+    policy = TEMPLATE_TASK.policy()
+    z = TEMPLATE_TASK.initial_logits()
+    with pytest.raises(ValueError, match="T = 7"):
+        policy.sample_from_uniforms(z, torch.rand(4, 6, dtype=torch.float64))
+    with pytest.raises(ValueError, match="leading shape"):
+        policy.sample_from_uniforms(z, torch.rand(2, 4, 7, dtype=torch.float64))
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))

@@ -2,7 +2,8 @@
 batching and Lopti, the exact zero-advantage shortcut, the optimisers, ``summarize``.
 
 Hand replays re-derive the update with autograd through ``TabularPolicy.token_logp`` and
-``compute_loss`` (not the simulator's closed-form backward), from the same generator draws.
+``compute_loss`` (not the simulator's closed-form backward), from the same generator draws: one step's
+B × T uniforms sampled token by token by a plain loop (``tests/toymodel/sampling.py``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from cancellation import compute_loss, group_advantages
 from toymodel import ROW_KEYS, simulate, summarize
 from toymodel.compare import VARIANTS, compare, format_table, summarize_variant
 from toymodel.scenarios import EQUIVALENT_SOLUTIONS, TEMPLATE_TASK, get_scenario
+
+from .sampling import draw
 
 
 def same_rows(a: list[dict[str, float]], b: list[dict[str, float]]) -> bool:
@@ -67,7 +70,7 @@ def _replay(scenario_name: str, objective: str, *, group_size: int, inner_epochs
     policy = sc.policy()
     init = sc.initial_logits()
     gen = torch.Generator().manual_seed(seed)
-    idx = torch.multinomial(policy.probs(init), group_size, replacement=True, generator=gen)
+    idx = draw(policy, init, group_size, gen)
     group = torch.zeros(group_size, dtype=torch.long)
     adv = group_advantages(policy.rewards[idx], group)
     mask = policy.mask[idx]
@@ -138,7 +141,7 @@ def test_shared_residual_row_measures_the_applied_updates(objective: str, extra:
     policy = sc.policy()
     init = sc.initial_logits()
     gen = torch.Generator().manual_seed(kw["seed"])
-    idx = torch.multinomial(policy.probs(init), kw["group_size"], replacement=True, generator=gen)
+    idx = draw(policy, init, kw["group_size"], gen)
     group = torch.zeros(kw["group_size"], dtype=torch.long)
     adv = group_advantages(policy.rewards[idx], group)
     assert bool(adv.any())
@@ -220,7 +223,7 @@ def test_lopti_runs_two_stages_low_probability_first() -> None:
     policy = sc.policy()
     init = sc.initial_logits()
     gen = torch.Generator().manual_seed(5)
-    idx = torch.multinomial(policy.probs(init), 6, replacement=True, generator=gen)
+    idx = draw(policy, init, 6, gen)
     group = torch.zeros(6, dtype=torch.long)
     adv = group_advantages(policy.rewards[idx], group)[:, None]
     mask = policy.mask[idx]
@@ -430,9 +433,7 @@ def _fig3_by_hand(scenario: str, seed: int, group_size: int, num_groups: int, **
                     callback=lambda s, lg: after.setdefault(s, lg), **kw)  # fmt: skip
     lsm0 = torch.log_softmax(sc.initial_logits(), -1)
     lsm1 = torch.log_softmax(after[1], -1)
-    probs = (lsm0[pol.ctx, pol.act] * pol.mask).sum(-1).exp()
-    idx = torch.multinomial(probs, group_size * num_groups, replacement=True,
-                            generator=torch.Generator().manual_seed(seed))  # fmt: skip
+    idx = draw(pol, sc.initial_logits(), group_size * num_groups, torch.Generator().manual_seed(seed))
     r = pol.rewards[idx].tolist()
     up = count = 0
     for b, i in enumerate(idx.tolist()):

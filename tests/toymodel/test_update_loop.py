@@ -23,6 +23,8 @@ from cancellation import TRANSFORMS, compute_loss, group_advantages
 from toymodel import simulate
 from toymodel.scenarios import get_scenario
 
+from .sampling import draw
+
 #: Every comparison here is between two float64 computations of the same number, at a tolerance well above
 #: float64's rounding (the real loop vs the same update by hand): ``tests/exactness.py``.
 pytestmark = pytest.mark.exactness
@@ -49,10 +51,12 @@ def test_dfpo_cancels_through_the_real_loop_under_clipping(scenario: str, transf
     policy = get_scenario(scenario).policy()
     lengths = policy.mask.sum(-1)
     assert bool((lengths == lengths[0]).all())  # equal lengths: whole-group shared tokens must cancel
-    rows = simulate(scenario, "dfpo", transform=transform, **LOOP)
+    # 60 steps: on shared_prefix a whole group shares an event on only 1-12 of 30 steps (seeds 0-3;
+    # seed 0: 5-6 with the per-position draws), 12-13 of 60 on seed 0
+    rows = simulate(scenario, "dfpo", transform=transform, **{**LOOP, "steps": 60})
     seq = measured(rows, "sequence_net_residual")
     grp = measured(rows, "group_shared_residual")
-    # not vacuous: most steps updated with a signal, and whole-group shared events occurred
+    # not vacuous: many steps updated with a signal, and whole-group shared events occurred
     assert len(seq) >= 20 and len(grp) >= 10
     assert max(seq) <= 1e-6
     assert max(grp) <= 1e-6
@@ -103,7 +107,7 @@ def _lopti_by_hand(objective: str, params: dict, *, swap_mask: bool = False, **k
     init = sc.initial_logits()
     n = kw["num_groups"] * kw["group_size"]
     gen = torch.Generator().manual_seed(kw["seed"])
-    idx = torch.multinomial(policy.probs(init), n, replacement=True, generator=gen)
+    idx = draw(policy, init, n, gen)
     group = torch.arange(kw["num_groups"]).repeat_interleave(kw["group_size"])
     adv = group_advantages(policy.rewards[idx], group)
     mask = policy.mask[idx]
