@@ -871,6 +871,16 @@ def start_threshold(
     return start, min(0.95, round(start + THRESHOLD_GAIN, 2))
 
 
+def probe_threshold(runs: Sequence[RunOutcome], steps: int) -> tuple[float, float]:
+    """(start level, threshold) of a probe block, to be fixed before the block it measures runs: the mean
+    sampled reward of steps 1..``MA_WINDOW`` over ``runs`` that finished ``steps`` steps (every arm alike),
+    and that + ``THRESHOLD_GAIN`` (``start_threshold``)."""
+    done = {
+        (o.arm, o.seed): _read_rows(o.path) for o in runs if o.status != "failed" and o.steps_after >= steps
+    }
+    return start_threshold(done, max(1, min(MA_WINDOW, steps)))
+
+
 @dataclass
 class GridMeasures:
     """What a finished grid measured: ``per_seed`` (arm → measure → seed → value; measures no run logged

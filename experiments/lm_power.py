@@ -22,10 +22,13 @@ What runs (``FULL``; every run is ``scaledrun.train`` through ``experiments/conf
 ``OVERRIDES`` and its arm's fields, one run folder per (arm, lr, seed) under ``root``)
     1. The learning-rate probe (``probe/``): each arm of ``ARMS`` at each lr of ``PROBE_LRS`` on seeds 0, 1.
        ``choose_lr`` picks each arm's lr by a rule fixed here: the highest mean sampled reward over all
-       steps (the area under the reward curve, so speed and level both count); ties go to the smaller lr.
+       steps (the area under the reward curve, so speed and level both count); lrs within
+       ``LR_TIE_MARGIN`` of the best tie, and ties go to the smaller lr.
        While an arm's best lr is the largest it tried, its probe doubles that lr (``next_lr``, at most
        ``Sizes.extend`` times), so that its choice is bracketed.
-       The probe runs at the chosen lrs are the study's *discovery block*.
+       The probe runs at the chosen lrs are the study's *discovery block*; they fix the speed threshold
+       (their mean sampled reward of steps 1-10 + ``experiments.lm.THRESHOLD_GAIN``) before the
+       confirmation block runs.
     2. ``lm_power`` (``main/``): the three arms, each at its chosen lr, on ``seeds`` fresh seeds from
        ``CONFIRM_FIRST_SEED`` (the *confirmation block*, predictions fixed in ``PREDICTIONS``).
     3. ``lm_power_big_steps`` (``big/``): the eq. 86 control and DFPO at one larger lr,
@@ -53,7 +56,9 @@ from .lm import (
     DEFAULT_JOBS,
     LM_ARMS,
     LOG_FILE,
+    MA_WINDOW,
     MAIN_PREDICTIONS,
+    THRESHOLD_GAIN,
     RunOutcome,
     _mean,
     _model_note,
@@ -62,6 +67,7 @@ from .lm import (
     ensure_model,
     measure_grid,
     plan,
+    probe_threshold,
     run_grid,
 )
 from .study import (
@@ -95,6 +101,10 @@ BIG_ARMS = ("gspo_eq86", "dfpo_min_replace")
 PROBE_LRS = (1e-4, 2e-4, 4e-4)
 #: The bigger-step setting's lr: this × the larger of the control's and DFPO's chosen lrs.
 BIG_STEP_FACTOR = 2.0
+#: ``choose_lr``'s tie margin (mean sampled reward): about the binomial standard error of a probe lr's
+#: mean over 2 seeds × 30 steps × 32 completions, √(0.25 / 1920) = 0.011. The first study chose GSPO's
+#: lr on 0.312 against 0.310, well inside that noise.
+LR_TIE_MARGIN = 0.01
 
 
 @dataclass(frozen=True)
@@ -110,8 +120,10 @@ class Sizes:
     extend: int = 0
 
 
-#: ``make experiments``: 3 × 3 × 2 probe runs (more where an arm's best lr is its largest, at most 2 doublings), 3 × 30 main runs, 2 × 30 bigger-step runs, 30 steps each.
-FULL = Sizes(probe_seeds=(0, 1), lrs=PROBE_LRS, seeds=30, big_seeds=30, steps=30, extend=2)
+#: ``make experiments``: 3 × 3 × 2 probe runs (more where an arm's best lr is its largest, at most 2
+#: doublings), 3 × 30 main runs, 2 × 30 bigger-step runs, 100 steps each (at 30, 16-22 of 30 seeds per arm
+#: never reached the threshold: speed was censored, not tested).
+FULL = Sizes(probe_seeds=(0, 1), lrs=PROBE_LRS, seeds=30, big_seeds=30, steps=100, extend=2)
 #: ``--quick``: one probe lr and seed, two fresh seeds per arm, 12 steps (too few seeds for a verdict).
 QUICK = Sizes(probe_seeds=(0,), lrs=(2e-4,), seeds=2, big_seeds=2, steps=12)
 
@@ -120,8 +132,9 @@ QUICK = Sizes(probe_seeds=(0,), lrs=(2e-4,), seeds=2, big_seeds=2, steps=12)
 # predictions (fixed before the confirmation block ran)
 
 #: The predictions (measure, arm, baseline) of the main setting, taken from ``experiments.lm``'s one table:
-#: speed, held-out accuracy, equivalent-solution entropy at matched reward, the residual DFPO's transform
-#: removes and eq. 24's energy. Jitter₂ of the sampled reward is left out (it measures the reward level
+#: speed, held-out accuracy, equivalent-solution entropy at the last step (at matched reward it rests on
+#: the seeds where both arms reach the threshold, a selection on an outcome: in the first study 8 of 30),
+#: the residual DFPO's transform removes and eq. 24's energy. Jitter₂ of the sampled reward is left out (it measures the reward level
 #: as much as oscillation, see the toy's notes), as are the meters decided by how the arms are built.
 KEYS = (
     ("steps_to_threshold", "dfpo_min_replace", "gspo"),
@@ -129,8 +142,8 @@ KEYS = (
     ("final_avg_at_k", "dfpo_min_replace", "gspo"),
     ("final_avg_at_k", "dfpo_min_replace", "gspo_eq86"),
     ("final_greedy_accuracy", "dfpo_min_replace", "gspo"),
-    ("form_entropy_at_threshold", "dfpo_min_replace", "gspo"),
-    ("form_entropy_at_threshold", "dfpo_min_replace", "gspo_eq86"),
+    ("form_entropy_final", "dfpo_min_replace", "gspo"),
+    ("form_entropy_final", "dfpo_min_replace", "gspo_eq86"),
     ("group_shared_residual", "dfpo_min_replace", "gspo_eq86"),
     ("energy_frequent", "dfpo_min_replace", "gspo"),
     ("energy_frequent", "dfpo_min_replace", "gspo_eq86"),
@@ -174,8 +187,9 @@ LIMITS = (
 # pieces
 
 
-def choose_lr(rewards: Mapping[float, Sequence[float]]) -> float:
-    """The lr whose runs have the highest mean of their mean sampled reward (ties: the smaller lr).
+def choose_lr(rewards: Mapping[float, Sequence[float]], margin: float = LR_TIE_MARGIN) -> float:
+    """The smallest lr whose runs' mean of their mean sampled reward is within ``margin`` of the highest
+    (a tie within the probe's noise goes to the smaller step).
 
     ``rewards``: lr → each probe run's mean ``reward/mean`` over its steps (NaN for a failed run, which
     counts as the worst). Raises ``ValueError`` when no lr has a finite value."""
@@ -186,7 +200,7 @@ def choose_lr(rewards: Mapping[float, Sequence[float]]) -> float:
     if not score or max(score.values()) == -math.inf:
         raise ValueError(f"no learning rate has a finished probe run: {dict(rewards)}")
     best = max(score.values())
-    return min(lr for lr, s in score.items() if s == best)
+    return min(lr for lr, s in score.items() if s >= best - margin)
 
 
 def start_eval(
@@ -348,6 +362,19 @@ def run_power(
         for a in ARMS
     ]  # fmt: skip
     say("chosen lrs: " + ", ".join(f"{a} {lr:g}" for a, lr in chosen.items()))
+    discovery_runs = [
+        dataclasses.replace(o, arm=o.arm.split("@")[0])
+        for o in probe
+        if o.arm == f"{o.arm.split('@')[0]}@lr{chosen[o.arm.split('@')[0]]:g}"
+    ]
+    # the speed threshold, fixed from the discovery block before the confirmation block runs
+    start_level, threshold = probe_threshold(discovery_runs, steps)
+    source = (
+        f"fixed from the discovery block (the probe runs at the chosen lrs) before the confirmation block ran: "
+        f"its start level {start_level:.3f}, the mean sampled reward of steps 1-{min(MA_WINDOW, steps)}, "
+        f"+ {THRESHOLD_GAIN}"
+    )
+    say(f"speed threshold from the discovery block: {threshold:.2f}")
 
     # 2. the main setting and 3. bigger steps, on fresh seeds
     fresh = [CONFIRM_FIRST_SEED + i for i in range(sizes.seeds)]
@@ -365,11 +392,6 @@ def run_power(
                              cfg, imports), jobs=jobs, progress=say)  # fmt: skip
 
     # the studies
-    discovery_runs = [
-        dataclasses.replace(o, arm=o.arm.split("@")[0])
-        for o in probe
-        if o.arm == f"{o.arm.split('@')[0]}@lr{chosen[o.arm.split('@')[0]]:g}"
-    ]
     probe_note = (
         "The lr probe (mean sampled reward over all steps, seeds "
         + f"{list(sizes.probe_seeds)}): "
@@ -391,13 +413,15 @@ def run_power(
         ("confirmation", main_runs, CONFIRM_FIRST_SEED, run_seconds(main_runs, jobs)),
     ):
         measured = measure_grid(runs, steps=steps, grid=main_grid, model_desc=model_desc, overrides=cfg,
-                                limits=(*LIMITS, probe_note))  # fmt: skip
+                                limits=(*LIMITS, probe_note), threshold=threshold,
+                                threshold_source=source)  # fmt: skip
         labels = {a: f"{ARM_LABELS[a]}, lr {chosen[a]:g}" for a in ARMS}
         study = measured.study("lm_power", list(ARMS), "gspo", title, question, PREDICTIONS, main_grid, steps,
                                seconds, block=block, first_seed=first, labels=labels)  # fmt: skip
         out.append(_with_start(study, start, measured.k))
     measured = measure_grid(big_runs, steps=steps, grid=big_grid, model_desc=model_desc, overrides=cfg,
-                            limits=(*LIMITS[:1], probe_note))  # fmt: skip
+                            limits=(*LIMITS[:1], probe_note), threshold=threshold,
+                            threshold_source=source)  # fmt: skip
     big = measured.study(
         "lm_power_big_steps", list(BIG_ARMS), "gspo_eq86",
         f"Language model with bigger steps: the eq. 86 control and DFPO at lr {big_lr:g} on template_decoy",
