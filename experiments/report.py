@@ -549,6 +549,7 @@ def write_report(
         f"`python -m experiments --report-only`. Each figure is a PNG (the repository keeps these) and an "
         f"interactive HTML file written next to it by the command.\n",
         preamble,
+        *([_quick_note(deciding)] if mode == "quick" else []),
         "## How a prediction is decided\n",
         "Each prediction is a paired comparison, arm − baseline matched by seed (common random numbers). A "
         "toy study runs twice: on a *discovery* block of seeds (0, 1, ...), explored freely while the studies "
@@ -592,6 +593,22 @@ def write_report(
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
+
+
+def _quick_note(studies: Sequence[StudyResult]) -> str:
+    """What a quick-mode report ran, read from its results (the fixed wording below describes full mode)."""
+    sizes = []
+    for st in studies:
+        n = max((len(v) for arm in st.per_seed.values() for v in arm.values()), default=0)
+        sizes.append(f"{st.name} {n}")
+    return (
+        "**Quick mode.** This report checks the pipeline, not the papers: every study ran its smallest slice "
+        "(fewer steps, and the largest number of seeds any arm of its deciding block ran: "
+        + ", ".join(sizes)
+        + "), so most predictions have too few seeds or no power. Where the text below speaks of the full "
+        "runs (1,024 fresh seeds, the language model's probe and its 30 fresh seeds per arm), each study's "
+        "Setting line says what this run actually did.\n"
+    )
 
 
 def _tied_list(decided: Sequence[Verdict], names: Sequence[str]) -> str:

@@ -18,7 +18,9 @@ Studies (``STUDIES``; ``python -m experiments --only toy`` runs them all):
 - ``toy_aggregation``: the aggregation (1/|y|, token-mean, Dr. GRPO's constant) × GRPO, GSPO, the eq. 86
   control and DFPO on ``equivalent_solutions`` (completions of 5 and 6 tokens): does length
   normalisation or sequence coupling drive the drift between equally correct answers?
-- ``toy_epsilon``: each objective at its paper's clip range and at a wider one, with bigger steps.
+- ``toy_epsilon``: each objective at its paper's clip range and at a wider one, with bigger steps;
+- ``toy_optimizer``: the eq. 86 control, DFPO, GRPO and GSPO under Adam beside SGD;
+- ``toy_frontier`` (``experiments.frontier``): each main arm at its own best learning rate × inner epochs.
 
 How an arm runs. An arm that the batched toy supports (plain SGD or Adam, query-preserved mini-batches, no
 reward-balanced buffer, Lopti or AR) runs all its seeds as one computation (``toymodel.simulate_seeds``);
@@ -33,9 +35,9 @@ arm), so the differences are taken per seed. The batched toy does not compute th
 
 Compute matching: every arm of a study has the same group size, groups per step, inner epochs,
 mini-batches, steps and learning rate (plain SGD), unless the study varies exactly that (the group size
-in ``toy_group_size``, the optimizer in ``toy_optimizer``
-in ``toy_group_size``, the batching in ``toy_batching``). Lopti's two stages double the optimiser steps
-per batch (as in its public code); ``toy_low_prob`` says so.
+in ``toy_group_size``, the batching in ``toy_batching``, the clip range with bigger steps in
+``toy_epsilon``, the optimizer and its learning rate in ``toy_optimizer``). Lopti's two stages double the
+optimiser steps per batch (as in its public code); ``toy_low_prob`` says so.
 
 Per-seed measures (``measure_seed``; the threshold is E[R] ≥ ``THRESHOLD`` = 0.9 of the exact expected
 reward):

@@ -24,7 +24,8 @@ The other tests are fast:
   cited by their short names (docs/papers.md), not by private file numbers;
 - numbers the pages quote from code or configs are read from there and compared (a few targeted checks);
   every number in docs/experiments.md appears in ``experiments/REPORT.md`` (generated from the saved
-  results), and every number of docs/toy.md's "What the toy shows" in the outputs that page prints.
+  results), each measured number of its findings on the report row it is read from (``FINDINGS_TIES``),
+  and every number of docs/toy.md's "What the toy shows" in the outputs that page prints.
 """
 
 from __future__ import annotations
@@ -567,6 +568,153 @@ def test_experiments_numbers_are_in_the_report():
     report = set(_numbers((REPO / "experiments/REPORT.md").read_text(encoding="utf-8")))
     missing = [n for n in _prose_numbers(page_text("docs/experiments.md")) if n not in report]
     assert not missing, f"docs/experiments.md quotes numbers experiments/REPORT.md does not print: {missing}"
+
+
+#: docs/experiments.md's findings ("What held, what did not, and why"): each measured number is tied to the
+#: one row of experiments/REPORT.md it is read from. An entry: a pattern of the findings' prose (code
+#: spans, links and paper references removed, whitespace collapsed, as ``_findings_prose`` gives it) whose
+#: groups are quoted numbers, the report section (a substring of its ``## `` heading) and the row (a
+#: substring of the report line: a prediction's claim, a table row's measure, a note's opening), one row per
+#: group or one for all. The pattern keys on the wording, so the numbers can change with a rerun; when the
+#: wording changes, the failure lists the report lines that hold the untied number.
+TOY_MAIN, GROUP, FRONTIER, EPS, EQUIV = "GRPO, GSPO, the eq. 86 control", "group size", "own best step", "clip range", "equivalent solutions"  # fmt: skip
+ADAM, BATCH, LOWP, LM, LM_BIG = "Adam against", "query-preserved", "low-probability", "Language model with power", "Language model with bigger"  # fmt: skip
+FINDINGS_TIES: tuple[tuple[str, str, str | tuple[str, ...]], ...] = (
+    (r"adjusted over the report's (\d+) decided predictions", "How a prediction", "decided predictions"),
+    (r"sooner than GSPO \(Δ (\S+) steps\)", TOY_MAIN, "DFPO Min-Replace reaches E[R] ≥ 0.9 in fewer steps than GSPO"),
+    (r"G = 2 / 4 / 8 / 16: (\S+) / (\S+) / (\S+) / ([^\s)]+)\)", GROUP,
+     tuple(f"G = {g}: DFPO reaches E[R] ≥ 0.9 in fewer steps than GSPO" for g in (2, 4, 8, 16))),
+    (r"is just as fast \((\S+), not resolved\)", TOY_MAIN, "DFPO Min-Replace reaches E[R] ≥ 0.9 in fewer steps than the eq. 86 control"),
+    (r"group-shared residual (\S+) against GSPO", TOY_MAIN, "DFPO cancels on tokens the whole group shares, GSPO does not"),
+    (r"the largest tried, in (\S+) to (\S+) steps\)", FRONTIER, "steps to E[R] ≥ 0.9"),
+    (r"\(DFPO − GSPO (\S+) steps,", FRONTIER, "At each arm's best step size, DFPO reaches E[R] ≥ 0.9 in fewer steps than GSPO"),
+    (r"DFPO − control (\d+)\)", FRONTIER, "At each arm's best step size, DFPO reaches E[R] ≥ 0.9 in fewer steps than the eq. 86 control"),
+    (r"template KL at matched reward (\S+) \(Holm p (\S+)\) at about 20 steps", FRONTIER,
+     "At equal speed of about 20 steps, DFPO pays less learning tax than GSPO"),
+    (r"\(GSPO (\S+), DFPO (\S+) steps\)", FRONTIER, "steps to E[R] ≥ 0.9"),
+    (r"and (\S+) at the fast end", FRONTIER, "At equal speed, DFPO pays less learning tax (template KL at matched reward) than GSPO"),
+    (r"against the control it is not resolved \((\S+)\)", FRONTIER,
+     "At equal speed of about 20 steps, DFPO pays less learning tax than the eq. 86 control"),
+    (r"discovery seeds \((\S+) \[(\S+), ([^\]]+)\]\); on the 1,024 fresh seeds the difference is (\S+), not resolved",
+     EPS, "With bigger steps, DFPO pays less learning tax (template KL at matched reward) than the eq. 86 control at the paper's ε"),
+    (r"ε 0.2 \((\S+) on discovery, (\S+) on confirmation", EPS,
+     "With bigger steps, DFPO pays less learning tax than the eq. 86 control at ε 0.2"),
+    (r"at matched reward than DFPO \((\S+), contradicted\)", EQUIV,
+     "DFPO keeps a higher entropy than GSPO at matched reward (seq-mean-token-mean)"),
+    (r"above the control only by (\S+)\.", EQUIV, "Sequence coupling alone (same estimator)"),
+    (r"\(sequence-net residual (\S+)\)", EPS, "GRPO-fix leaks less than GRPO at ε 0.2"),
+    (r"ends higher \((\S+)\), but it is", EPS, "GRPO-fix ends with a higher E[R] than GRPO at ε 0.2"),
+    (r"\((\S+) steps, contradicted; also", EPS, "GRPO-fix reaches E[R] ≥ 0.9 later than GRPO at ε 0.2"),
+    (r"at each arm's best setting, (\S+)\)", FRONTIER, "GRPO-fix is slower than GRPO"),
+    (r"as fast as GRPO-fix \((\S+) \[(\S+), ([^\]]+)\] steps\)", EPS, "- GRPO-fix − GRPO without the lower clip"),
+    (r"more equivalent-set entropy than GRPO \((\S+)\)", EPS, "Clip-higher keeps a higher equivalent-set entropy than GRPO"),
+    (r"much faster than GSPO \((\S+) steps\)", ADAM, "Under Adam, DFPO reaches E[R] ≥ 0.9 in fewer steps than GSPO"),
+    (r"faster than the control \((\S+), not resolved\)", ADAM,
+     "Under Adam, DFPO reaches E[R] ≥ 0.9 in fewer steps than the eq. 86 control"),
+    (r"less tax there \((\S+), not resolved\)", ADAM, "Under Adam, DFPO pays less learning tax"),
+    (r"group-shared residual (\S+) for GRPO, (\S+) for DFPO", BATCH,
+     ("GRPO: query-preserved mini-batches leave a lower group-shared residual",
+      "DFPO: query-preserved mini-batches leave a lower group-shared residual")),
+    (r"slower \((\S+) steps at ρ = 0.25\)", BATCH, "GRPO: reward-balanced batching (ρ = 0.25) reaches E[R] ≥ 0.9 sooner"),
+    (r"\((\S+) steps, contradicted\); Lopti", LOWP, "Advantage Reweighting reaches E[R] ≥ 0.9 in fewer steps than GRPO"),
+    (r"Lopti is not resolved \((\S+)\)", LOWP, "Lopti reaches E[R] ≥ 0.9 in fewer steps than GRPO"),
+    (r"\(steps 1-10\), is (\S+) under GRPO", LOWP, "high-probability tokens of Â > 0 completions updated upwards"),
+    (r"\((\S+) and (\S+), not resolved\): on the toy", LOWP,
+     ("Advantage Reweighting updates more high-probability tokens", "Lopti updates more high-probability tokens")),
+    (r"avg@8 by (\S+) over the warm start's (\S+) \(", LM, ("avg@k gain over the warm start", "avg@k of the warm start")),
+    (r"is at most (\S+)\)", LM, "- Held-out measures are on each seed's own"),
+    (r"greedy accuracy by (\S+) over (\S+)\.", LM,
+     ("greedy-accuracy gain over the warm start", "greedy accuracy of the warm start")),
+    (r"\(avg@8 (\S+), minimal detectable effect (\S+),", LM, "DFPO ends with a higher avg@k than the eq. 86 control"),
+    (r"under the control is already (\S+),", LM, "sequence-net residual"),
+    (r"where it was \((\S+) for the control\)", LM, "group-shared residual"),
+    (r"\(avg@8 (\S+), Holm p (\S+), contradicted\)", LM, "DFPO ends with a higher avg@k than GSPO"),
+    (r"by a hair \((\S+) against (\S+) at", LM, "- The lr probe"),
+    (r"by only (\d+), (\d+) and (\d+) of (\d+) seeds", LM, "steps to"),
+    (r"residual large \((\S+)\)", LM_BIG, "group-shared residual"),
+    (r"\(avg@8 (\S+) and (\S+),", LM_BIG, "avg@8 at step 30"),
+    (r"against (\S+)\), and DFPO − control", LM, "avg@8 at step 30"),
+    (r"template KL (\S+) at E\[R\] ≥ 0.9", TOY_MAIN, "template KL (learning tax) at E[R] ≥ 0.9"),
+    (r"and (\S+) at step 200", TOY_MAIN, "template KL at step 200"),
+    (r"untransformed control \((\S+)\)", TOY_MAIN, "template KL (learning tax) at E[R] ≥ 0.9"),
+)  # fmt: skip
+#: Settings the findings name (learning rates, group sizes, seeds, steps, thresholds): not measurements.
+FINDINGS_SETTINGS = {
+    "1024",
+    "8",
+    "0.5",
+    "4",
+    "0.9",
+    "2",
+    "16",
+    "1.0",
+    "256",
+    "0.2",
+    "0.25",
+    "1",
+    "10",
+    "0.0004",
+    "0.0002",
+    "30",
+    "20",
+    "200",
+    "0",
+}  # fmt: skip (0: "scatter of mean 0")
+
+
+def _findings_prose() -> str:
+    """docs/experiments.md's findings section as ``_prose_numbers`` reads it, whitespace collapsed."""
+    text = page_text("docs/experiments.md").split("## What held, what did not, and why", 1)[1]
+    text = text.split("\n## ", 1)[0]
+    text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    text = re.sub(r"`[^`\n]*`", "", text)
+    text = re.sub(r"\]\([^)]*\)", "]", text)
+    return " ".join(REFERENCE.sub("", text).split())
+
+
+def _report_sections() -> dict[str, list[str]]:
+    """experiments/REPORT.md's ``## `` sections: heading → its lines."""
+    out: dict[str, list[str]] = {}
+    head = ""
+    for line in (REPO / "experiments/REPORT.md").read_text(encoding="utf-8").splitlines():
+        if line.startswith("## "):
+            head = line[3:]
+        out.setdefault(head, []).append(line)
+    return out
+
+
+def test_each_finding_number_is_tied_to_its_report_row():
+    """Every measured number of docs/experiments.md's findings is one that its row of the report prints: the
+    row of the prediction or measure the sentence quotes, in the study's own section (``FINDINGS_TIES``), not
+    merely some number somewhere in the report; every other number is a setting (``FINDINGS_SETTINGS``)."""
+    prose, sections = _findings_prose(), _report_sections()
+    covered, problems = set(), []
+    for pattern, section, rows in FINDINGS_TIES:
+        m = re.search(pattern, prose)
+        if m is None:
+            problems.append(f"the findings no longer say {pattern!r}: update FINDINGS_TIES")
+            continue
+        lines = [ln for head, body in sections.items() if section in head for ln in body]
+        if not lines:
+            problems.append(f"the report has no section whose heading contains {section!r}")
+            continue
+        for i in range(1, (m.lastindex or 0) + 1):
+            covered.add(m.start(i))
+            number, row = _numbers(m.group(i)), rows if isinstance(rows, str) else rows[i - 1]
+            on_row = [ln for ln in lines if row in ln]
+            if not on_row:
+                problems.append(f"{section!r}: no report line contains the row {row!r}")
+            elif not number or not any(number[0] in _numbers(ln) for ln in on_row):
+                where = [ln[:120] for ln in (REPO / "experiments/REPORT.md").read_text(encoding="utf-8").splitlines()
+                         if number and number[0] in _numbers(ln)][:5]  # fmt: skip
+                problems.append(f"{m.group(i)!r} is not on its row {row!r} ({section!r}); it is on: {where}")
+    for m in NUMBER.finditer(prose):
+        value = m.group().replace("−", "-").lstrip("+").replace(",", "")
+        if m.start() not in covered and value not in FINDINGS_SETTINGS:
+            problems.append(
+                f"untied number {m.group()!r} in '...{prose[max(0, m.start() - 60) : m.end() + 10]}...'"
+            )
+    assert not problems, "\n".join(problems)
 
 
 def test_toy_findings_are_in_the_printed_outputs():

@@ -321,3 +321,11 @@ def test_the_report_prints_the_seed_mean_drift_or_says_a_rerun_is_needed(tmp_pat
     assert "## What these studies cannot test" in text
     assert all(c in text for c in CANNOT_TEST)
     assert StudyResult.from_json(new.to_json()).drift == new.drift
+
+
+def test_a_quick_report_says_what_quick_mode_ran(tmp_path) -> None:
+    text = write_report([_study()], tmp_path / "R.md", png=False, mode="quick").read_text()
+    # toy_hand's arms ran 8 seeds each (SEEDS): the note reads the count from the results
+    assert "**Quick mode.**" in text and "toy_hand 8)" in text
+    full = write_report([_study()], tmp_path / "F.md", png=False).read_text()
+    assert "**Quick mode.**" not in full
