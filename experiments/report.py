@@ -3,11 +3,13 @@
 Nothing here runs an experiment; ``write_report`` reads what the studies saved (``experiments.study``) and
 renders it, so the report can be rebuilt from the JSON files alone (``python -m experiments --report-only``).
 
-Per study the report gives: the question and the setting; a compact table (one row per arm, the mean
-and 95 % bootstrap CI of each measure; censored measures say how many seeds reached); the verdict of
-every prediction it tests (paired difference arm − baseline matched by seed, its CI and the exact sign
-test's p, ``experiments.study``); its notes; its figures; and, folded, the full table of paired
-differences against the study's baseline (``experiments.stats.summarize_arms``).
+Per study the report gives: the question and the setting; a compact table (one row per measure, one
+column per arm: the mean and 95 % bootstrap CI; censored measures say how many seeds reached); the
+seed-mean template drift where the study has one (``drift_table``); the verdict of every prediction it
+tests (paired difference arm − baseline matched by seed, its t interval, the MDE at the level Holm tests
+it at, the t test's p, its Holm-adjusted p and the exact sign-flip p, ``experiments.study``); its notes;
+its figures; and, folded, the full table of paired differences against the study's baseline
+(``experiments.stats.summarize_arms``). After the studies: what they cannot test (``CANNOT_TEST``).
 
 Figures: one per (study, curve): each arm's mean across seeds with a band of ± 1.96 standard errors of
 that mean (a normal 95 % band per x; the tables' CIs are bootstrap), as an HTML file (plotly.js written
@@ -616,11 +618,17 @@ def _tied_list(decided: Sequence[Verdict], names: Sequence[str]) -> str:
     tied = [(n, v) for n, v in zip(names, decided, strict=True) if v.verdict == "tied"]
     if not tied:
         return ""
+
+    def why(v: Verdict) -> str:
+        if v.identical:
+            return "every measure ties: the two arms took identical steps"
+        return "only this measure ties: the arms differ on other measures, so this tie was measured, not built in"
+
     return (
-        "**Tied on every seed (decided by construction, not in the Holm family):** the two arms took identical "
-        "steps on every seed, so there is nothing to test.\n\n"
-        + "\n".join(f"- {n}: {v.prediction.claim} ({v.prediction.arm} vs {v.prediction.baseline}, {v.n} seeds)"
-                     for n, v in tied)
+        "**Tied on every seed (decided by construction, not in the Holm family):** every per-seed difference is "
+        "within the tie tolerance, so there is nothing to test.\n\n"
+        + "\n".join(f"- {n}: {v.prediction.claim} ({v.prediction.arm} vs {v.prediction.baseline}, {v.n} seeds; "
+                     f"{why(v)})" for n, v in tied)
         + "\n"
     )  # fmt: skip
 

@@ -167,7 +167,9 @@ class Verdict:
     difference a two-sided t test at level ``alpha`` detects with ``POWER`` at these seeds' spread,
     (t_{1−alpha/2, n−1} + t_{power, n−1})·``se``, ``se`` = sd/√n; ``alpha`` is 1 − level until ``decide``
     sets it to the Holm step's level the prediction is tested at), ``side`` (``stats.decide``'s: predicted,
-    opposite or tie) and the ``block`` of seeds it was computed on."""
+    opposite or tie) and the ``block`` of seeds it was computed on. ``identical`` (for a ``tied`` verdict):
+    whether every measure of the two arms ties on every seed (the arms took identical steps, a tie built
+    in) or only this one (e.g. two different arms reaching the threshold at the same step on every seed)."""
 
     prediction: Prediction
     verdict: str
@@ -184,6 +186,7 @@ class Verdict:
     block: str = "discovery"
     se: float | None = None
     alpha: float | None = None
+    identical: bool | None = None
 
 
 def _finite_or_none(x: float) -> float | None:
@@ -302,7 +305,21 @@ class StudyResult:
         return Verdict(p, verdict, n=pd.n, diff=_finite_or_none(r["mean"]), low=_finite_or_none(r["low"]),
                        high=_finite_or_none(r["high"]), p=_finite_or_none(r["p"]), p_adj=_finite_or_none(r["p"]),
                        perm_p=_finite_or_none(r["perm_p"]), mde=_finite_or_none(mde), side=r["side"], level=level,
-                       block=self.block, se=_finite_or_none(se), alpha=1.0 - level)  # fmt: skip
+                       block=self.block, se=_finite_or_none(se), alpha=1.0 - level,
+                       identical=self._identical(p.arm, p.baseline) if verdict == "tied" else None)  # fmt: skip
+
+    def _identical(self, arm: str, baseline: str) -> bool:
+        """Whether every measure the two arms share is equal (within ``TOL``, NaN = NaN, inf = inf) on every
+        seed both have."""
+        a, b = self.per_seed.get(arm, {}), self.per_seed.get(baseline, {})
+        for key in set(a) & set(b):
+            for seed in set(a[key]) & set(b[key]):
+                x, y = float(a[key][seed]), float(b[key][seed])
+                if x == y or (math.isnan(x) and math.isnan(y)):
+                    continue
+                if not (math.isfinite(x) and math.isfinite(y) and abs(x - y) <= TOL):
+                    return False
+        return True
 
     # ---- JSON
 

@@ -7,6 +7,7 @@ table's means, the JSON round trip of inf/NaN, the files the report writes, and 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shutil
 from pathlib import Path
@@ -276,7 +277,18 @@ def test_a_prediction_tied_on_every_seed_leaves_the_holm_family(tmp_path) -> Non
     tied.name = "toy_tied"  # the report keeps one study per name
     text = write_report([tied, lone], tmp_path / "R.md", png=False).read_text()
     assert "**Tied on every seed (decided by construction, not in the Holm family):**" in text
-    assert "- toy_tied: b is lower (b vs a, 8 seeds)" in text
+    assert (
+        "- toy_tied: b is lower (b vs a, 8 seeds; every measure ties: the two arms took identical steps)"
+        in text
+    )
+    # a tie on this measure only (the arms differ on another measure): listed as a measured tie
+    other = dataclasses.replace(tied, measures=[*tied.measures, Measure("m2", "m2", "lower")])
+    other.per_seed = {
+        "a": {**tied.per_seed["a"], "m2": {"0": 1.0}},
+        "b": {**tied.per_seed["b"], "m2": {"0": 2.0}},
+    }
+    (o,) = other.verdicts()
+    assert (o.verdict, o.identical, v[0].identical) == ("tied", False, True)
     assert "1 held, 0 contradicted, 0 not resolved, 1 tied on every seed" in text
 
 
