@@ -144,9 +144,9 @@ HEADS = {
 #: what 10 seeds × 150 steps of the three default runs measured (the page's other defaults): GSPO,
 #: the eq. (86) control, DFPO Min-Replace. ``tests/app/test_training_lab.py`` re-measures them (slow test)
 MEASURED_10_SEEDS = (
-    "At these defaults with 10 seeds × 150 steps, GSPO needs 79 steps to reach E[R] ≥ 0.9, the eq. (86) "
-    "control 21 and DFPO Min-Replace 21; group-shared residual 0.143 / 0.0003 / 0.000; template KL at the "
-    "threshold 0.012 / 0.054 / 0.048 (DFPO − control, paired over seeds: −0.006 ± 0.007 s.e.). So DFPO's "
+    "At these defaults with 10 seeds × 150 steps, GSPO needs 82 steps to reach E[R] ≥ 0.9, the eq. (86) "
+    "control 21 and DFPO Min-Replace 21; group-shared residual 0.140 / 0.0003 / 0.000; template KL at the "
+    "threshold 0.009 / 0.046 / 0.046 (DFPO − control, paired over seeds: 0.000 ± 0.000 s.e.). So DFPO's "
     "speed, and the larger learning tax that comes with it, are the estimator's doing (it keeps the "
     "gradients of the sequences GSPO's clip silences); the transform's own measurable effect here is the "
     "last 0.0003 of group-shared residual."
