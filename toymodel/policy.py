@@ -171,6 +171,18 @@ class TabularPolicy:
         node_child[leaves] = leaves[:, None]
         self._node_ctx = torch.tensor(node_ctx, dtype=torch.long)  # (M,) context of a node (0 at a leaf)
         self._node_child = node_child
+        # ``position`` mode, the same walk in one pass: position t's context is the same for every row, so
+        # every position's action is drawn at once and the actions' mixed-radix code indexes the
+        # trajectory (the support is the full product, so every code is a trajectory)
+        self._pos_lookup: Tensor | None = None
+        if context == "position":
+            self._pos_ctx = torch.tensor([key_id[t] for t in range(t_max)], dtype=torch.long)  # (T,)
+            radix = self.valid[self._pos_ctx].sum(-1)  # (T,) actions per position
+            self._pos_stride = torch.flip(torch.cumprod(torch.flip(radix, (0,)), 0), (0,)).roll(-1, 0)
+            self._pos_stride[-1] = 1  # (T,) Π of the later positions' radices
+            lookup = torch.full((n,), -1, dtype=torch.long)
+            lookup[(act * self._pos_stride).sum(-1)] = torch.arange(n)
+            self._pos_lookup = lookup
         eq = [int(i) for i in equivalent]
         for i in eq:
             if not 0 <= i < n:
@@ -361,13 +373,27 @@ class TabularPolicy:
                 f"{tuple(logits.shape[:-2])}; got {tuple(u.shape)}"
             )
         with torch.no_grad():
-            c = torch.cumsum(torch.softmax(logits.detach(), -1), -1)
+            z = logits.detach()
+            c = torch.cumsum((z - z.amax(-1, keepdim=True)).exp(), -1)  # unnormalised; −inf slots add 0
             cdf = c / c[..., -1:]  # (*L, C, K) normalised per context; the last used slot is exactly 1
+
+            def first_above(f: Tensor, x: Tensor) -> Tensor:
+                # the first slot whose F exceeds x: the count of slots with F ≤ x (x < 1 = the last used
+                # slot's F, so only the K − 1 first slots can count; a slot of probability 0 has the F
+                # of the slot before it, so it is never the first above x)
+                a = (x >= f[..., 0]).long()
+                for k in range(1, self.K - 1):
+                    a += x >= f[..., k]
+                return a
+
+            if self._pos_lookup is not None:  # position mode: every position at once
+                rows = cdf[..., self._pos_ctx, :].unsqueeze(-3)  # (*L, 1, T, K)
+                a = first_above(rows, u)  # (*L, B, T)
+                return self._pos_lookup[(a * self._pos_stride).sum(-1)]
             node = torch.zeros(u.shape[:-1], dtype=torch.long)  # (*L, B) every row at the empty prefix
             for t in range(self.T):
                 rows = torch.take_along_dim(cdf, self._node_ctx[node][..., None], dim=-2)  # (*L, B, K)
-                a = (rows <= u[..., t, None]).sum(-1)  # the first slot whose F exceeds u
-                node = self._node_child[node, a]
+                node = self._node_child[node, first_above(rows, u[..., t])]
             return self._node_traj[node]
 
     # ------------------------------------------------------------------------------------------
