@@ -341,6 +341,8 @@ class TabularPolicy:
         exactly as sampling token by token until the end token: the support is the set of leaves of
         the generation tree (``position`` mode: the full product), and a leaf's probability under
         step-by-step sampling is that product. One ``torch.multinomial`` call replaces T sampling steps.
+        The simulators (``simulate``, ``simulate_seeds``) sample with ``sample_from_uniforms`` instead:
+        the same distribution, but one uniform per token position, which pairs two policies' draws.
         """
         with torch.no_grad():
             p = self.probs(logits.detach())
