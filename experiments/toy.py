@@ -75,7 +75,6 @@ Curves for the figures: per arm, each seed's ``expected_reward`` (and ``equiv_en
 from __future__ import annotations
 
 import math
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -226,14 +225,12 @@ def run_arm(
     """
     seeds = [int(s) for s in seeds]
     if arm.batched and not per_seed:
-        if template_probs:
-            res, logits = _simulate_seeds_and_logits(scenario, arm.objective, seeds, steps, arm.run_kwargs())
-        else:
-            res = simulate_seeds(scenario, arm.objective, seeds, steps=steps, **arm.run_kwargs())
+        res = simulate_seeds(scenario, arm.objective, seeds, steps=steps, return_logits=template_probs,
+                             **arm.run_kwargs())  # fmt: skip
         out = {s: {k: res[k][i].numpy().copy() for k in BATCHED_KEYS} for i, s in enumerate(seeds)}
         if template_probs:
             for i, s in enumerate(seeds):
-                out[s]["template_probs_final"] = template_probs_of(scenario, logits[i])
+                out[s]["template_probs_final"] = template_probs_of(scenario, res["logits"][i])
         return out
     out = {}
     last: dict[str, torch.Tensor] = {}
@@ -248,50 +245,6 @@ def run_arm(
         if template_probs:
             out[s]["template_probs_final"] = template_probs_of(scenario, last["logits"])
     return out
-
-
-def _simulate_seeds_and_logits(
-    scenario: str, objective: str, seeds: list[int], steps: int, kwargs: Mapping[str, Any]
-) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """``simulate_seeds``'s result and its (S, C, K) parameters after the last step.
-
-    ``simulate_seeds`` returns statistics only; its final parameters are its local ``logits`` when it
-    returns, read here with a profile hook on that one frame (``toymodel`` is left unchanged). Checked on
-    every call: the template KL recomputed from the logits read must equal the last row's.
-    """
-    code = simulate_seeds.__code__
-    got: dict[str, Any] = {}
-
-    def hook(frame: Any, event: str, _arg: Any) -> None:
-        if event == "return" and frame.f_code is code:
-            got["logits"] = frame.f_locals.get("logits")
-
-    previous = sys.getprofile()
-    sys.setprofile(hook)
-    try:
-        res = simulate_seeds(scenario, objective, seeds, steps=steps, **kwargs)
-    finally:
-        sys.setprofile(previous)
-    logits = got.get("logits")
-    if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or logits.shape[0] != len(seeds):
-        raise RuntimeError(
-            "toymodel.simulate_seeds no longer keeps its (S, C, K) parameters in a local `logits`: give it a way "
-            "to return its final parameters and read them in experiments.toy._simulate_seeds_and_logits"
-        )
-    logits = logits.detach().clone()
-    sc = get_scenario(scenario)
-    ids = sc.template_context_ids()
-    if ids.numel():
-        pol = sc.policy()
-        kl = [pol.stats(logits[i], sc.initial_logits(), ids)["kl"] for i in range(len(seeds))]
-        last = res["template_kl"][:, -1].tolist()
-        if not np.allclose(kl, last, rtol=1e-6, atol=1e-9):
-            raise RuntimeError(
-                "the parameters read from toymodel.simulate_seeds do not reproduce its last template KL "
-                f"(max gap {max(abs(a - b) for a, b in zip(kl, last, strict=True)):.3g}): the local `logits` it "
-                "returns with is not its final policy; update experiments.toy._simulate_seeds_and_logits"
-            )
-    return res, logits
 
 
 def template_probs_of(scenario: str, logits: torch.Tensor) -> np.ndarray:

@@ -205,6 +205,7 @@ def simulate_seeds(
     ar_alpha: float | None = None,
     residuals: bool = True,
     return_samples: bool = False,
+    return_logits: bool = False,
     **objective_params: Any,
 ) -> dict[str, Tensor]:
     """Train one tabular policy per seed with ``objective``, all seeds as one batched computation.
@@ -226,11 +227,14 @@ def simulate_seeds(
         residuals: compute the three residuals (the cancellation meter); False skips them (NaN).
         return_samples: also return ``"samples"``, the (S, steps, B) long trajectory indices drawn at every
             step (row-aligned with ``simulate``'s batch: group g holds columns g·G ... g·G + G − 1).
+        return_logits: also return ``"logits"``, the (S, C, K) float64 parameters after the last step
+            (what ``simulate``'s ``callback`` receives at its last step, per seed).
         **objective_params: passed to the objective (``transform``, ``estimator``, ``epsilon_low``, ...);
             ``epsilon_low`` / ``epsilon_high`` may be one value per seed, like ``lr``.
     Returns:
         a dict: ``"seed"`` → (S,) long tensor of the seeds, and each key of ``BATCHED_KEYS`` → a (S, steps)
-        float64 tensor (row s is seed ``seeds[s]``), and ``"samples"`` with ``return_samples``.
+        float64 tensor (row s is seed ``seeds[s]``), ``"samples"`` with ``return_samples`` and ``"logits"``
+        with ``return_logits``.
         ``seed_rows`` turns one seed into ``simulate``'s rows.
     """
     if optimizer not in OPTIMIZERS:
@@ -484,6 +488,8 @@ def simulate_seeds(
     result.update(out)
     if samples is not None:
         result["samples"] = samples
+    if return_logits:
+        result["logits"] = logits.detach().clone()
     return result
 
 

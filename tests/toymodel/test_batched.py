@@ -102,6 +102,22 @@ def test_init_logits_equal_the_one_seed_simulator() -> None:
     assert bool((res["template_kl"][:, -1] > 0).all())
 
 
+@pytest.mark.parametrize("kw", [{}, {"num_groups": 2, "num_minibatches": 2}])
+def test_final_logits_are_simulates_last_callback(kw: dict) -> None:
+    """``return_logits``: each seed's parameters after the last step = what ``simulate`` hands its
+    callback at that step, and they reproduce the last row's template KL."""
+    res = simulate_seeds("template_task", "dfpo", SEEDS, steps=STEPS, return_logits=True, **kw)
+    sc = get_scenario("template_task")
+    assert res["logits"].shape == (len(SEEDS), sc.policy().C, sc.policy().K)
+    for i, seed in enumerate(SEEDS):
+        last: dict[int, torch.Tensor] = {}
+        simulate("template_task", "dfpo", steps=STEPS, seed=seed, callback=last.__setitem__, **kw)
+        assert torch.allclose(res["logits"][i], last[STEPS], rtol=0, atol=1e-9)
+        kl = sc.policy().stats(res["logits"][i], sc.initial_logits(), sc.template_context_ids())["kl"]
+        assert float(kl) == pytest.approx(float(res["template_kl"][i, -1]), rel=1e-9, abs=1e-12)
+    assert "logits" not in simulate_seeds("template_task", "dfpo", SEEDS, steps=2)
+
+
 def test_one_draw_for_the_run_equals_the_per_step_draws() -> None:
     """What drawing a seed's whole run at once rests on: consecutive ``torch.rand`` calls continue one
     stream (``simulate`` draws (B, T) per step), for the sizes the toys use."""
