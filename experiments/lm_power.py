@@ -403,9 +403,9 @@ def run_power(
     )
     question = (
         "On a task where RL moves held-out accuracy (the tiny Qwen3 learns to leave a decoy that shares the "
-        "completions' head), with each arm at the lr its probe chose and 30 fresh seeds: does DFPO reach the "
-        "reward threshold sooner, end with a higher held-out accuracy, keep more entropy between the two correct "
-        "forms and leave a lower group-shared residual than GSPO and the eq. 86 control?"
+        f"completions' head), with each arm at the lr its probe chose and {sizes.seeds} fresh "
+        f"seed{'s' if sizes.seeds != 1 else ''}: does DFPO reach the reward threshold sooner, end with a higher "
+        "held-out accuracy, keep more entropy between the two correct forms and leave a lower group-shared residual than GSPO and the eq. 86 control?"
     )
     out: list[StudyResult] = []
     for block, runs, first, seconds in (

@@ -85,6 +85,9 @@ def test_blocks_lrs_and_discovery_runs(study):
         ("lm_power_big_steps", "confirmation", CONFIRM_FIRST_SEED),
     ]
     disc, conf, big = studies
+    assert (
+        "the lr its probe chose and 1 fresh seed:" in conf.question
+    )  # the study's own size, not the full one
     for arm in ARMS:
         # the chosen lr, by hand: the highest mean sampled reward over the probe run's steps (ties: smaller)
         means = {lr: sum(r["reward/mean"] for r in _rows(root / "probe/runs" / f"{arm}@lr{lr:g}/seed0")) / 2
