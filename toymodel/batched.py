@@ -48,10 +48,10 @@ a zero gradient still moves the parameters through the moments, so every seed ta
 
 Shared code: the residuals come from ``cancellation.update.CancellationMeter``, one meter per RL step on
 the step's flat batch with one segment per moving seed (``segments``: per-seed sums, scatter-added, no
-sync per optimiser step), as ``simulate`` uses it. The query-preserved split is inline here, not
-``cancellation.update.minibatches``: that splits one seed's batch at a time, ~1 ms per seed-step against
-~30 µs for the seeds' own ``torch.randperm`` draws that the batched split is built from (tested equal to
-``simulate``).
+sync per optimiser step), as ``simulate`` uses it. The query-preserved split is ``_minibatch_schedule``
+here, not ``cancellation.update.minibatches``: that splits one seed's batch at a time, ~1 ms per seed-step
+against ~30 µs for the seeds' own ``torch.randperm`` draws that the batched split is built from (tested
+equal to ``simulate``).
 
 Returned keys (``BATCHED_KEYS``): ``step``, ``updated`` (always 1), ``buffer_groups`` (always 0),
 ``sampled_reward``, ``expected_reward``, ``entropy``, ``equiv_entropy``, ``equiv_log_odds``,
@@ -75,6 +75,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -96,6 +97,9 @@ PER_SEED_PARAMS: tuple[str, ...] = ("lr", "epsilon_low", "epsilon_high")
 # torch.optim.Adam's defaults (what ``simulate`` uses)
 _ADAM_BETAS = (0.9, 0.999)
 _ADAM_EPS = 1e-8
+
+# the exact statistics of step 7 (``_Exact.stats``), kept per seed between the steps that move it
+_STAT_KEYS = ("expected_reward", "entropy", "equiv_entropy", "equiv_log_odds", "template_kl")
 
 
 def _unsupported(name: str, why: str) -> ValueError:
@@ -184,6 +188,411 @@ class _Exact:
         return out
 
 
+@dataclass(frozen=True)
+class _Run:
+    """The validated arguments of one ``simulate_seeds`` call (what ``simulate`` checks before its loop)."""
+
+    objective: str
+    seeds: list[int]
+    steps: int
+    group_size: int
+    inner_epochs: int
+    num_groups: int
+    num_minibatches: int
+    adv_scale: str
+    adam: bool
+    residuals: bool
+    lr: Tensor  # (S,) the learning rate of each seed
+    eps: dict[str, Tensor]  # per-seed clip ranges, (S,) each; expanded to the rows of every mini-batch
+    loss_kwargs: dict[str, Any]  # the objective's other parameters, ``aggregation`` included
+    token_mean: bool  # the aggregation is token-mean (its normaliser is made per seed)
+
+    @property
+    def n_seeds(self) -> int:
+        return len(self.seeds)
+
+    @property
+    def batch(self) -> int:
+        """B: the rows of one seed's step."""
+        return self.num_groups * self.group_size
+
+    @property
+    def bin_sizes(self) -> list[int]:
+        """The groups in each query-preserved mini-batch (bin k holds shuffled positions k, k+M, ...)."""
+        return [len(range(k, self.num_groups, self.num_minibatches)) for k in range(self.num_minibatches)]
+
+
+def _check_arguments(
+    *,
+    objective: str,
+    seeds: Sequence[int] | int,
+    steps: int,
+    group_size: int,
+    lr: float | Sequence[float] | Tensor | None,
+    inner_epochs: int,
+    num_groups: int,
+    num_minibatches: int,
+    batching: str,
+    adv_scale: str,
+    aggregation: str | None,
+    optimizer: str,
+    reward_balanced_rho: float | None,
+    lopti_eta: float | None,
+    ar_alpha: float | None,
+    residuals: bool,
+    objective_params: dict[str, Any],
+) -> _Run:
+    """Step 0 of ``simulate`` (its checks before the loop), plus the refusals of what is not batched and the
+    per-seed parameters (``lr``, ``epsilon_low``, ``epsilon_high``) as (S,) tensors."""
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
+    if batching != "query":
+        raise _unsupported(f"batching={batching!r}", "only query-preserved mini-batches are batched")
+    for name, value in (
+        ("reward_balanced_rho", reward_balanced_rho),
+        ("lopti_eta", lopti_eta),
+        ("ar_alpha", ar_alpha),
+    ):
+        if value is not None:
+            raise _unsupported(
+                f"`{name}`", "reward-balanced batching, Lopti and Advantage Reweighting are not batched"
+            )
+    for name in ("token_count", "seq_count"):
+        if name in objective_params:
+            raise _unsupported(
+                f"`{name}`", "the batched toy sets the aggregation's normaliser per seed itself"
+            )
+    if float(objective_params.get("beta", 0.0)) != 0.0 or "ref_logp" in objective_params:
+        raise _unsupported("a KL term (`beta`, `ref_logp`)", "the batched toy has no reference log-probs")
+    if objective not in OBJECTIVES:
+        raise ValueError(f"unknown objective {objective!r}; valid: {', '.join(OBJECTIVES)}")
+    if adv_scale not in ("group", "batch", "none"):
+        raise ValueError(f"unknown adv_scale {adv_scale!r}; valid: group, batch, none")
+    seed_list = (
+        list(range(_check_int("seeds", seeds, 1))) if isinstance(seeds, int) else [int(s) for s in seeds]
+    )
+    if not seed_list:
+        raise ValueError("`seeds` is empty: give at least one seed")
+    steps = _check_int("steps", steps, 0)
+    group_size = _check_int("group_size", group_size, 1)
+    inner_epochs = _check_int("inner_epochs", inner_epochs, 1)
+    num_groups = _check_int("num_groups", num_groups, 1)
+    num_minibatches = _check_int("num_minibatches", num_minibatches, 1)
+    if num_minibatches > num_groups:
+        raise ValueError(
+            f"`num_minibatches`={num_minibatches} is more than the {num_groups} groups of a step "
+            f"(query-preserved mini-batches keep groups whole); use num_minibatches ≤ num_groups"
+        )
+    n_seeds = len(seed_list)
+    lr = DEFAULT_LR[optimizer] if lr is None else lr
+    lr_seed = _per_seed("lr", lr, n_seeds)  # (S,) the learning rate of each seed
+    if lr_seed is None:
+        lr_seed = torch.full((n_seeds,), float(lr), dtype=torch.float64)
+    if not bool((torch.isfinite(lr_seed) & (lr_seed > 0.0)).all()):
+        raise ValueError(f"`lr` must be finite and > 0 (for every seed), got {lr}")
+    agg = aggregation if aggregation is not None else _default_aggregation(objective)
+    loss_kwargs = dict(objective_params)
+    eps_seed: dict[str, Tensor] = {}
+    for name, value in objective_params.items():
+        per = _per_seed(name, value, n_seeds) if not isinstance(value, str) else None
+        if per is None:
+            continue
+        if name not in PER_SEED_PARAMS:
+            raise _unsupported(
+                f"a per-seed `{name}`", f"only {', '.join(PER_SEED_PARAMS)} may take one value per seed"
+            )
+        eps_seed[name] = per
+        del loss_kwargs[name]
+    loss_kwargs["aggregation"] = agg
+    return _Run(
+        objective=objective,
+        seeds=seed_list,
+        steps=steps,
+        group_size=group_size,
+        inner_epochs=inner_epochs,
+        num_groups=num_groups,
+        num_minibatches=num_minibatches,
+        adv_scale=adv_scale,
+        adam=optimizer == "adam",
+        residuals=residuals,
+        lr=lr_seed,
+        eps=eps_seed,
+        loss_kwargs=loss_kwargs,
+        token_mean=agg == "token-mean",
+    )
+
+
+class _RandomStream:
+    """The seeds' random draws in ``simulate``'s order (step 1's uniforms, step 6's mini-batch splits).
+
+    Seed s draws from ``torch.Generator().manual_seed(s)``. With one mini-batch nothing but the sampling
+    uses a generator, so each seed's uniforms for the whole run are drawn at once (consecutive
+    ``torch.rand`` calls continue one stream); otherwise each step draws, per seed, its B × T uniforms and
+    then one ``torch.randperm`` of the groups per inner epoch, as ``simulate`` does.
+    """
+
+    def __init__(self, run: _Run, t_n: int) -> None:
+        self.run, self.t_n = run, t_n
+        self.gens = [torch.Generator().manual_seed(s) for s in run.seeds]
+        self.uniforms: Tensor | None = None
+        if run.num_minibatches == 1:  # nothing but the sampling uses the generators: draw the run at once
+            self.uniforms = torch.stack(
+                [torch.rand(run.steps * run.batch * t_n, dtype=torch.float64, generator=g) for g in self.gens]
+            ).view(run.n_seeds, run.steps, run.batch, t_n)
+
+    def draw(self, col: int) -> tuple[Tensor, list[list[Tensor]]]:
+        """Step 1 of ``simulate`` (its ``torch.rand(B, T)``) at RL step ``col + 1``: the (S, B, T) uniforms and,
+        with mini-batches, each seed's ``inner_epochs`` group permutations for step 6's splits
+        (``perms[s][e]``; empty with one mini-batch)."""
+        run = self.run
+        perms: list[list[Tensor]] = []
+        if self.uniforms is not None:
+            return self.uniforms[:, col].contiguous(), perms
+        u_list = []  # simulate's order per seed: B × T uniforms, then one randperm per inner epoch
+        for g in self.gens:
+            u_list.append(torch.rand(run.batch, self.t_n, dtype=torch.float64, generator=g))
+            perms.append([torch.randperm(run.num_groups, generator=g) for _ in range(run.inner_epochs)])
+        return torch.stack(u_list), perms
+
+
+def _advantages(run: _Run, rewards: Tensor, gid: Tensor) -> Tensor:
+    """Step 3 of ``simulate``: the (S, B) group-relative advantages of every seed's (S, B) rewards.
+
+    ``gid`` is the flat batch's group id (unique per seed and group); ``adv_scale="batch"`` divides by
+    each seed's own batch standard deviation.
+    """
+    if run.adv_scale == "batch":
+        centred = group_advantages(rewards.flatten(), gid, scale="none").view(run.n_seeds, run.batch)
+        std = rewards.std(-1, keepdim=True) if run.batch > 1 else torch.zeros_like(rewards[:, :1])
+        return centred / (std + 1e-6)
+    return group_advantages(rewards.flatten(), gid, scale=run.adv_scale).view(run.n_seeds, run.batch)
+
+
+def _zero_adv_group_frac(run: _Run, adv: Tensor, perms: list[list[Tensor]]) -> Tensor:
+    """(S,) ``zero_adv_group_frac``: the share of the last mini-batch's groups whose advantages are all 0
+    (the objective's metric in ``simulate``'s step 6; it is computed also when nothing moves)."""
+    zero_group = ~(adv != 0).view(run.n_seeds, run.num_groups, run.group_size).any(-1)  # (S, ng)
+    if run.num_minibatches == 1:
+        return zero_group.to(torch.float64).mean(-1)
+    last_perm = torch.stack([pp[-1] for pp in perms])  # (S, ng)
+    pos = torch.empty_like(last_perm).scatter_(
+        1, last_perm, torch.arange(run.num_groups).expand_as(last_perm)
+    )
+    in_last = pos % run.num_minibatches == run.num_minibatches - 1
+    return (zero_group & in_last).sum(-1).to(torch.float64) / run.bin_sizes[-1]
+
+
+def _minibatch_schedule(run: _Run, perms: list[list[Tensor]], active: Tensor) -> list[list[Tensor]]:
+    """Step 6's split of ``simulate`` (``cancellation.update.minibatches``, query-preserved), batched.
+
+    One list per inner epoch, of one (A, r) tensor per mini-batch: the batch rows of each moving seed,
+    ascending. Mini-batch k holds the groups at positions k, k+M, ... of a seed's shuffled group order:
+    with equal-size groups, ``query_preserved_split``'s LPT rule deals the shuffled groups round robin.
+    """
+    n_act, batch, num_groups = int(active.numel()), run.batch, run.num_groups
+    if run.num_minibatches == 1:
+        return [[torch.arange(batch).expand(n_act, batch)] for _ in range(run.inner_epochs)]
+    schedule = []
+    for e in range(run.inner_epochs):
+        perm = torch.stack([perms[int(s)][e] for s in active])  # (A, ng) shuffled groups
+        pos = torch.empty_like(perm).scatter_(1, perm, torch.arange(num_groups).expand_as(perm))
+        key = (pos % run.num_minibatches) * num_groups + torch.arange(num_groups)  # bin, then group
+        order = torch.sort(key, -1).values % num_groups  # (A, ng): groups by bin, ascending
+        parts, start = [], 0
+        for size in run.bin_sizes:
+            grp = order[:, start : start + size]
+            start += size
+            parts.append((grp[:, :, None] * run.group_size + torch.arange(run.group_size)).flatten(1))
+        schedule.append(parts)
+    return schedule
+
+
+class _SeedOptimizer:
+    """Step 6's optimiser step of ``simulate``, per seed with its own learning rate.
+
+    Plain SGD (``torch.optim.SGD``'s arithmetic, no momentum) or Adam (``torch.optim.Adam``'s defaults and
+    single-tensor arithmetic, per-seed moments; every seed takes every step, so one step count serves all).
+    ``select`` gathers the moving seeds' state before a step's updates, ``store`` writes it back after.
+    """
+
+    def __init__(self, run: _Run, logits: Tensor) -> None:
+        self.adam, self.lr = run.adam, run.lr
+        if self.adam:
+            self.exp_avg, self.exp_avg_sq, self.steps = torch.zeros_like(logits), torch.zeros_like(logits), 0
+
+    def select(self, active: Tensor) -> None:
+        self.lr_a = self.lr[active][:, None, None]
+        if self.adam:
+            self.m_a, self.v_a = self.exp_avg[active], self.exp_avg_sq[active]
+
+    def step(self, params: Tensor, grad: Tensor) -> None:
+        """One step of the selected seeds' (A, C, K) ``params`` (in place) on their gradient ``grad``."""
+        if self.adam:  # torch.optim.Adam's single-tensor step, per seed
+            beta1, beta2 = _ADAM_BETAS
+            self.steps += 1
+            self.m_a.lerp_(grad, 1 - beta1)
+            self.v_a.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            bias1 = 1 - beta1 ** float(self.steps)
+            bias2_sqrt = (1 - beta2 ** float(self.steps)) ** 0.5
+            denom = (self.v_a.sqrt() / bias2_sqrt).add_(_ADAM_EPS)
+            params.sub_((self.lr_a / bias1) * self.m_a / denom)
+        else:  # torch.optim.SGD, no momentum
+            params.sub_(self.lr_a * grad)
+
+    def store(self, active: Tensor) -> None:
+        if self.adam:
+            self.exp_avg[active], self.exp_avg_sq[active] = self.m_a, self.v_a
+
+
+class _Seeds:
+    """The batched state of all seeds: the (S, C, K) parameters, their log-softmax tables, the optimiser
+    and the exact statistics at the current parameters (step 7's, kept for the seeds that do not move)."""
+
+    def __init__(self, run: _Run, policy: TabularPolicy, init: Tensor, exact: _Exact) -> None:
+        self.logits = init.expand(run.n_seeds, policy.C, policy.K).contiguous()  # (S, C, K) the parameters
+        self.opt = _SeedOptimizer(run, self.logits)
+        self.exact = exact
+        self.lsm = torch.log_softmax(self.logits, -1)
+        lp = exact.traj_logp(self.lsm)
+        self.stats = exact.stats(self.lsm, lp, lp.exp())
+
+    def set_moved(self, active: Tensor, la: Tensor) -> None:
+        """Step 7 of ``simulate``: store the moving seeds' parameters ``la`` after the step's updates and
+        their exact statistics."""
+        self.logits[active] = la
+        self.opt.store(active)
+        lsm_a = torch.log_softmax(la, -1)
+        lp_a = self.exact.traj_logp(lsm_a)
+        p_a = lp_a.exp()
+        self.lsm[active] = lsm_a
+        new = self.exact.stats(lsm_a, lp_a, p_a)
+        for name in _STAT_KEYS:
+            self.stats[name][active] = new[name]
+
+
+class _MovingBatch:
+    """Step 5 of ``simulate``: the moving seeds' batch as one flat batch of A·B rows (seed-major).
+
+    ``fi`` (A, B, T) is each token's flat index into the moving seeds' (A·C·K) parameters, ``mask``
+    (A, B, T) the token mask, ``old_logp`` (A, B, T) the log-probs under θ_old, ``adv`` (A, B) the
+    advantages and ``group`` (A, B) local group ids (unique per moving seed and group).
+    """
+
+    def __init__(
+        self, run: _Run, policy: TabularPolicy, lsm: Tensor, idx: Tensor, adv: Tensor, within: Tensor
+    ):
+        self.n_act = int(idx.shape[0])
+        ck = policy.C * policy.K
+        self.ctx, self.act, self.mask = policy.ctx[idx], policy.act[idx], policy.mask[idx]  # (A, B, T)
+        self.fi = (torch.arange(self.n_act) * ck)[:, None, None] + self.ctx * policy.K + self.act
+        self.old_logp = lsm.flatten()[self.fi] * self.mask  # θ_old
+        self.adv = adv
+        self.group = torch.arange(self.n_act)[:, None] * run.num_groups + within  # (A, B) local group ids
+
+    def meter(self, policy: TabularPolicy, free_steps: Tensor, idx: Tensor, batch: int) -> CancellationMeter:
+        """One cancellation meter on the flat batch, one segment per moving seed; the event ids (local
+        group, context, action) are ``simulate``'s, −1 at forced steps."""
+        ck = policy.C * policy.K
+        keys = torch.where(free_steps[idx], self.group[:, :, None] * ck + self.ctx * policy.K + self.act, -1)
+        return CancellationMeter(
+            keys.flatten(0, 1),
+            self.mask.flatten(0, 1),
+            self.group.flatten(),
+            segments=torch.arange(self.n_act).repeat_interleave(batch),
+        )
+
+    def rows(self, rows: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """The flat (fi, mask, old_logp, adv, group) of the mini-batch ``rows`` ((A, r); None: all)."""
+        if rows is None:  # the whole batch: no gather
+            return (
+                self.fi.flatten(0, 1),
+                self.mask.flatten(0, 1),
+                self.old_logp.flatten(0, 1),
+                self.adv.flatten(),
+                self.group.flatten(),
+            )
+        return (
+            torch.take_along_dim(self.fi, rows[:, :, None], 1).flatten(0, 1),
+            torch.take_along_dim(self.mask, rows[:, :, None], 1).flatten(0, 1),
+            torch.take_along_dim(self.old_logp, rows[:, :, None], 1).flatten(0, 1),
+            torch.take_along_dim(self.adv, rows, 1).flatten(),
+            torch.take_along_dim(self.group, rows, 1).flatten(),
+        )
+
+
+def _minibatch_gradient(
+    run: _Run,
+    eps_a: dict[str, Tensor],
+    lsm_a: Tensor,
+    mb: tuple[Tensor, Tensor, Tensor, Tensor, Tensor],
+    r: int,
+) -> tuple[Tensor, Tensor]:
+    """Step 6's loss and backward of ``simulate`` for one mini-batch of every moving seed.
+
+    The coefficients of ``cancellation.update.coefficients`` on the flat mini-batch (r rows per seed) with
+    the aggregation's normaliser made per seed, and ``TabularPolicy.logits_grad``'s closed form batched over
+    the seeds. Returns (coef, the (A, C, K) gradient).
+    """
+    fi_m, mask_m, old_m, adv_m, grp_m = mb
+    n_act, c_n, k_n = lsm_a.shape
+    logp = lsm_a.flatten()[fi_m] * mask_m
+    # per-seed normaliser: seq-mean divides by one seed's rows, token-mean by one seed's tokens
+    kw = (
+        {**run.loss_kwargs, "token_count": 1.0}
+        if run.token_mean
+        else {**run.loss_kwargs, "seq_count": float(r)}
+    )
+    for name, t in eps_a.items():  # one ε per row (seed-major rows, r per seed)
+        kw[name] = t.repeat_interleave(r)
+    coef = coefficients(run.objective, logp, old_m, adv_m, mask_m, grp_m, with_metrics=False, **kw).coef
+    if run.token_mean:
+        n_tok = mask_m.view(n_act, r, -1).sum((1, 2))
+        coef = (coef.view(n_act, r, -1) / n_tok[:, None, None]).flatten(0, 1)
+    # TabularPolicy.logits_grad, batched: ∂L/∂logp = −coef, then the log_softmax backward
+    g = torch.zeros(n_act * c_n * k_n, dtype=coef.dtype)
+    g.index_add_(0, fi_m.flatten(), (-coef * mask_m).flatten())
+    g = g.view(n_act, c_n, k_n)
+    return coef, g - lsm_a.exp() * g.sum(-1, keepdim=True)
+
+
+def _update_moving_seeds(
+    run: _Run,
+    policy: TabularPolicy,
+    seeds: _Seeds,
+    active: Tensor,
+    idx: Tensor,
+    adv: Tensor,
+    perms: list[list[Tensor]],
+    within: Tensor,
+    free_steps: Tensor,
+) -> tuple[Tensor, dict[str, Tensor] | None]:
+    """Steps 5-6 of ``simulate`` for the seeds ``active``: inner epochs × mini-batches, each one optimiser
+    step of every moving seed against its θ_old, with the cancellation meter beside the update.
+
+    Returns the moving seeds' (A, C, K) parameters after the step and their residuals (None without
+    ``residuals``).
+    """
+    n_act = int(active.numel())
+    la = seeds.logits[active]  # (A, C, K) the moving seeds' parameters (a copy, written back in step 7)
+    seeds.opt.select(active)
+    eps_a = {name: t[active] for name, t in run.eps.items()}
+    ia = idx[active]  # (A, B)
+    mbatch = _MovingBatch(run, policy, seeds.lsm[active], ia, adv[active], within)
+    meter = mbatch.meter(policy, free_steps, ia, run.batch) if run.residuals else None
+    for parts in _minibatch_schedule(run, perms, active):
+        for rows in parts:  # rows: (A, r) batch rows of each moving seed, ascending
+            whole = run.num_minibatches == 1
+            coef, g = _minibatch_gradient(
+                run, eps_a, torch.log_softmax(la, -1), mbatch.rows(None if whole else rows), rows.shape[1]
+            )
+            seeds.opt.step(la, g)
+            if meter is not None:  # measuring, beside the update
+                # the mini-batch's rows of the flat batch
+                flat_rows = None if whole else (torch.arange(n_act)[:, None] * run.batch + rows).flatten()
+                meter.add(coef, flat_rows)
+    return la, None if meter is None else meter.segment_residuals()
+
+
 def simulate_seeds(
     scenario: Scenario | str,
     objective: str,
@@ -236,260 +645,84 @@ def simulate_seeds(
         float64 tensor (row s is seed ``seeds[s]``), ``"samples"`` with ``return_samples`` and ``"logits"``
         with ``return_logits``.
         ``seed_rows`` turns one seed into ``simulate``'s rows.
-    """
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"unknown optimizer {optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
-    adam = optimizer == "adam"
-    if batching != "query":
-        raise _unsupported(f"batching={batching!r}", "only query-preserved mini-batches are batched")
-    for name, value in (
-        ("reward_balanced_rho", reward_balanced_rho),
-        ("lopti_eta", lopti_eta),
-        ("ar_alpha", ar_alpha),
-    ):
-        if value is not None:
-            raise _unsupported(
-                f"`{name}`", "reward-balanced batching, Lopti and Advantage Reweighting are not batched"
-            )
-    for name in ("token_count", "seq_count"):
-        if name in objective_params:
-            raise _unsupported(
-                f"`{name}`", "the batched toy sets the aggregation's normaliser per seed itself"
-            )
-    if float(objective_params.get("beta", 0.0)) != 0.0 or "ref_logp" in objective_params:
-        raise _unsupported("a KL term (`beta`, `ref_logp`)", "the batched toy has no reference log-probs")
-    if objective not in OBJECTIVES:
-        raise ValueError(f"unknown objective {objective!r}; valid: {', '.join(OBJECTIVES)}")
-    if adv_scale not in ("group", "batch", "none"):
-        raise ValueError(f"unknown adv_scale {adv_scale!r}; valid: group, batch, none")
-    seed_list = (
-        list(range(_check_int("seeds", seeds, 1))) if isinstance(seeds, int) else [int(s) for s in seeds]
-    )
-    if not seed_list:
-        raise ValueError("`seeds` is empty: give at least one seed")
-    steps = _check_int("steps", steps, 0)
-    group_size = _check_int("group_size", group_size, 1)
-    inner_epochs = _check_int("inner_epochs", inner_epochs, 1)
-    num_groups = _check_int("num_groups", num_groups, 1)
-    num_minibatches = _check_int("num_minibatches", num_minibatches, 1)
-    if num_minibatches > num_groups:
-        raise ValueError(
-            f"`num_minibatches`={num_minibatches} is more than the {num_groups} groups of a step "
-            f"(query-preserved mini-batches keep groups whole); use num_minibatches ≤ num_groups"
-        )
-    n_seeds = len(seed_list)
-    lr = DEFAULT_LR[optimizer] if lr is None else lr
-    lr_seed = _per_seed("lr", lr, n_seeds)  # (S,) the learning rate of each seed
-    if lr_seed is None:
-        lr_seed = torch.full((n_seeds,), float(lr), dtype=torch.float64)
-    if not bool((torch.isfinite(lr_seed) & (lr_seed > 0.0)).all()):
-        raise ValueError(f"`lr` must be finite and > 0 (for every seed), got {lr}")
-    agg = aggregation if aggregation is not None else _default_aggregation(objective)
-    loss_kwargs = dict(objective_params)
-    eps_seed: dict[str, Tensor] = {}  # per-seed clip ranges, expanded to the rows of every mini-batch
-    for name, value in objective_params.items():
-        per = _per_seed(name, value, n_seeds) if not isinstance(value, str) else None
-        if per is None:
-            continue
-        if name not in PER_SEED_PARAMS:
-            raise _unsupported(
-                f"a per-seed `{name}`", f"only {', '.join(PER_SEED_PARAMS)} may take one value per seed"
-            )
-        eps_seed[name] = per
-        del loss_kwargs[name]
-    loss_kwargs["aggregation"] = agg
-    token_mean = agg == "token-mean"
 
+    The loop is ``simulate``'s numbered steps, batched over the seeds: 0 ``_check_arguments``; 1-3
+    ``_RandomStream.draw``, ``TabularPolicy.sample_from_uniforms``, ``_advantages`` (and
+    ``_zero_adv_group_frac``); 5-6 ``_update_moving_seeds`` (``_MovingBatch``, ``_minibatch_schedule``,
+    ``_minibatch_gradient``, ``_SeedOptimizer``); 7 ``_Seeds.set_moved`` (``_Exact.stats``).
+    """
+    run = _check_arguments(
+        objective=objective,
+        seeds=seeds,
+        steps=steps,
+        group_size=group_size,
+        lr=lr,
+        inner_epochs=inner_epochs,
+        num_groups=num_groups,
+        num_minibatches=num_minibatches,
+        batching=batching,
+        adv_scale=adv_scale,
+        aggregation=aggregation,
+        optimizer=optimizer,
+        reward_balanced_rho=reward_balanced_rho,
+        lopti_eta=lopti_eta,
+        ar_alpha=ar_alpha,
+        residuals=residuals,
+        objective_params=objective_params,
+    )
+    n_seeds, steps = run.n_seeds, run.steps
     sc = get_scenario(scenario)
     policy: TabularPolicy = sc.policy()
     init = sc.initial_logits() if init_logits is None else init_logits.detach().clone().to(policy.dtype)
     policy.check_logits(init)
-    c_n, k_n = policy.C, policy.K
-    ck = c_n * k_n
-    logits = init.expand(n_seeds, c_n, k_n).contiguous()  # (S, C, K) the parameters
-    if adam:  # torch.optim.Adam's state, per seed; every seed steps together, so one step count
-        exp_avg, exp_avg_sq, adam_steps = torch.zeros_like(logits), torch.zeros_like(logits), 0
-        beta1, beta2 = _ADAM_BETAS
-    exact = _Exact(policy, init, sc.template_context_ids())
-    gens = [torch.Generator().manual_seed(s) for s in seed_list]
-    batch = num_groups * group_size
-    within = torch.arange(num_groups).repeat_interleave(group_size)  # (B,) group of each row of a seed
+    seeds_state = _Seeds(run, policy, init, _Exact(policy, init, sc.template_context_ids()))
+    stream = _RandomStream(run, policy.T)
+    # (B,) the group of each row of a seed; (S·B,) group ids of the flat batch, unique per (seed, group)
+    within = torch.arange(run.num_groups).repeat_interleave(run.group_size)
+    gid = (torch.arange(n_seeds)[:, None] * run.num_groups + within).flatten()
     n_actions = policy.valid.sum(-1)
     free_steps = policy.valid_steps & (n_actions[policy.ctx] > 1)  # (N, T)
-    # mini-batch k holds the groups at positions k, k+M, ... of a seed's shuffled group order: with
-    # equal-size groups, query_preserved_split's LPT rule deals the shuffled groups round robin
-    bin_sizes = [len(range(k, num_groups, num_minibatches)) for k in range(num_minibatches)]
-
-    t_n = policy.T  # uniforms per sample row: one per token position
-    uniforms = None
-    if num_minibatches == 1:  # nothing but the sampling uses the generators: draw the whole run at once
-        uniforms = torch.stack(
-            [torch.rand(steps * batch * t_n, dtype=torch.float64, generator=g) for g in gens]
-        ).view(n_seeds, steps, batch, t_n)
 
     out = {k: torch.full((n_seeds, steps), math.nan, dtype=torch.float64) for k in BATCHED_KEYS}
-    samples = torch.zeros((n_seeds, steps, batch), dtype=torch.long) if return_samples else None
-    stat_keys = ("expected_reward", "entropy", "equiv_entropy", "equiv_log_odds", "template_kl")
-    # per-seed state: log-softmax tables and the exact statistics. A seed that does not move this step
-    # keeps them, so they are recomputed only for the seeds that move
-    lsm = torch.log_softmax(logits, -1)
-    lp = exact.traj_logp(lsm)
-    prev = exact.stats(lsm, lp, lp.exp())
-    gid = (torch.arange(n_seeds)[:, None] * num_groups + within).flatten()
+    samples = torch.zeros((n_seeds, steps, run.batch), dtype=torch.long) if return_samples else None
     for step in range(1, steps + 1):
         col = step - 1
         # 1-3: samples (token by token, each position's inverse CDF under θ_old at the seed's own
         # uniform), rewards, advantages
-        perms: list[list[Tensor]] = []
-        if uniforms is not None:
-            u = uniforms[:, col].contiguous()
-        else:  # simulate's order per seed: B × T uniforms, then one randperm per inner epoch
-            u_list = []
-            for g in gens:
-                u_list.append(torch.rand(batch, t_n, dtype=torch.float64, generator=g))
-                perms.append([torch.randperm(num_groups, generator=g) for _ in range(inner_epochs)])
-            u = torch.stack(u_list)
-        idx = policy.sample_from_uniforms(lsm, u)  # (S, B)
+        u, perms = stream.draw(col)
+        idx = policy.sample_from_uniforms(seeds_state.lsm, u)  # (S, B)
         if samples is not None:
             samples[:, col] = idx
         rewards = policy.rewards[idx]
-        if adv_scale == "batch":
-            centred = group_advantages(rewards.flatten(), gid, scale="none").view(n_seeds, batch)
-            std = rewards.std(-1, keepdim=True) if batch > 1 else torch.zeros_like(rewards[:, :1])
-            adv = centred / (std + 1e-6)
-        else:
-            adv = group_advantages(rewards.flatten(), gid, scale=adv_scale).view(n_seeds, batch)
+        adv = _advantages(run, rewards, gid)
         out["sampled_reward"][:, col] = rewards.mean(-1)
-
-        # zero_adv_group_frac of the last mini-batch (simulate computes it also when nothing moves)
-        zero_group = ~(adv != 0).view(n_seeds, num_groups, group_size).any(-1)  # (S, ng)
-        if num_minibatches == 1:
-            out["zero_adv_group_frac"][:, col] = zero_group.to(torch.float64).mean(-1)
-        else:
-            last_perm = torch.stack([pp[-1] for pp in perms])  # (S, ng)
-            pos = torch.empty_like(last_perm).scatter_(
-                1, last_perm, torch.arange(num_groups).expand_as(last_perm)
-            )
-            in_last = pos % num_minibatches == num_minibatches - 1
-            out["zero_adv_group_frac"][:, col] = (zero_group & in_last).sum(-1).to(torch.float64) / bin_sizes[
-                -1
-            ]
+        out["zero_adv_group_frac"][:, col] = _zero_adv_group_frac(run, adv, perms)
 
         # the exact shortcut: only the seeds with a non-zero advantage move (the others keep everything);
         # not under Adam, whose moments move a seed on a zero gradient too (as in simulate)
-        active = torch.arange(n_seeds) if adam else torch.nonzero((adv != 0).any(-1)).flatten()
-        n_act = int(active.numel())
-        if n_act:
-            la = logits[active]  # (A, C, K) the moving seeds' parameters (a copy, written back below)
-            lr_a = lr_seed[active][:, None, None]
-            eps_a = {name: t[active] for name, t in eps_seed.items()}
-            if adam:
-                m_a, v_a = exp_avg[active], exp_avg_sq[active]
-            ia = idx[active]  # (A, B)
-            adv_a = adv[active]
-            ctx_b, act_b, mask_b = policy.ctx[ia], policy.act[ia], policy.mask[ia]  # (A, B, T)
-            fi = (torch.arange(n_act) * ck)[:, None, None] + ctx_b * k_n + act_b  # flat index into (A·C·K)
-            old_logp = lsm[active].flatten()[fi] * mask_b  # θ_old
-            lgroup = torch.arange(n_act)[:, None] * num_groups + within  # (A, B) local group ids
-            meter = None
-            if residuals:  # one meter on the step's flat batch, one segment per moving seed
-                # event ids (local group, context, action), as simulate's; −1 at forced steps
-                keys = torch.where(free_steps[ia], lgroup[:, :, None] * ck + ctx_b * k_n + act_b, -1)
-                meter = CancellationMeter(
-                    keys.flatten(0, 1),
-                    mask_b.flatten(0, 1),
-                    lgroup.flatten(),
-                    segments=torch.arange(n_act).repeat_interleave(batch),
-                )
-            if num_minibatches == 1:
-                schedule = [[torch.arange(batch).expand(n_act, batch)] for _ in range(inner_epochs)]
-            else:
-                schedule = []
-                for e in range(inner_epochs):
-                    perm = torch.stack([perms[int(s)][e] for s in active])  # (A, ng) shuffled groups
-                    pos = torch.empty_like(perm).scatter_(1, perm, torch.arange(num_groups).expand_as(perm))
-                    key = (pos % num_minibatches) * num_groups + torch.arange(num_groups)  # bin, then group
-                    order = torch.sort(key, -1).values % num_groups  # (A, ng): groups by bin, ascending
-                    parts, start = [], 0
-                    for size in bin_sizes:
-                        grp = order[:, start : start + size]
-                        start += size
-                        parts.append((grp[:, :, None] * group_size + torch.arange(group_size)).flatten(1))
-                    schedule.append(parts)
-            # 6: inner epochs × mini-batches, each one SGD step of every moving seed against its θ_old
-            for parts in schedule:
-                for rows in parts:  # rows: (A, r) batch rows of each moving seed, ascending
-                    r = rows.shape[1]
-                    if num_minibatches == 1:  # the whole batch: no gather
-                        fi_m, mask_m, old_m = fi.flatten(0, 1), mask_b.flatten(0, 1), old_logp.flatten(0, 1)
-                        adv_m, grp_m = adv_a.flatten(), lgroup.flatten()
-                    else:
-                        fi_m = torch.take_along_dim(fi, rows[:, :, None], 1).flatten(0, 1)
-                        mask_m = torch.take_along_dim(mask_b, rows[:, :, None], 1).flatten(0, 1)
-                        old_m = torch.take_along_dim(old_logp, rows[:, :, None], 1).flatten(0, 1)
-                        adv_m = torch.take_along_dim(adv_a, rows, 1).flatten()
-                        grp_m = torch.take_along_dim(lgroup, rows, 1).flatten()
-                    lsm_a = torch.log_softmax(la, -1)
-                    logp = lsm_a.flatten()[fi_m] * mask_m
-                    # per-seed normaliser: seq-mean divides by one seed's rows, token-mean by one seed's tokens
-                    kw = (
-                        {**loss_kwargs, "token_count": 1.0}
-                        if token_mean
-                        else {**loss_kwargs, "seq_count": float(r)}
-                    )
-                    for name, t in eps_a.items():  # one ε per row (seed-major rows, r per seed)
-                        kw[name] = t.repeat_interleave(r)
-                    coef = coefficients(
-                        objective, logp, old_m, adv_m, mask_m, grp_m, with_metrics=False, **kw
-                    ).coef
-                    if token_mean:
-                        n_tok = mask_m.view(n_act, r, -1).sum((1, 2))
-                        coef = (coef.view(n_act, r, -1) / n_tok[:, None, None]).flatten(0, 1)
-                    # TabularPolicy.logits_grad, batched: ∂L/∂logp = −coef, then the log_softmax backward
-                    g = torch.zeros(n_act * ck, dtype=coef.dtype)
-                    g.index_add_(0, fi_m.flatten(), (-coef * mask_m).flatten())
-                    g = g.view(n_act, c_n, k_n)
-                    g = g - lsm_a.exp() * g.sum(-1, keepdim=True)
-                    if adam:  # torch.optim.Adam's single-tensor step, per seed
-                        adam_steps += 1
-                        m_a.lerp_(g, 1 - beta1)
-                        v_a.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-                        bias1 = 1 - beta1 ** float(adam_steps)
-                        bias2_sqrt = (1 - beta2 ** float(adam_steps)) ** 0.5
-                        denom = (v_a.sqrt() / bias2_sqrt).add_(_ADAM_EPS)
-                        la.sub_((lr_a / bias1) * m_a / denom)
-                    else:  # torch.optim.SGD, no momentum
-                        la.sub_(lr_a * g)
-                    if meter is not None:  # measuring, beside the update
-                        flat_rows = None
-                        if num_minibatches > 1:  # the mini-batch's rows of the flat batch
-                            flat_rows = (torch.arange(n_act)[:, None] * batch + rows).flatten()
-                        meter.add(coef, flat_rows)
-            if meter is not None:
-                for name, value in meter.segment_residuals().items():
+        active = torch.arange(n_seeds) if run.adam else torch.nonzero((adv != 0).any(-1)).flatten()
+        if active.numel():
+            # (4: reward-balanced batching is not batched.) 5-6: the moving seeds' batch, inner epochs ×
+            # mini-batches of optimiser steps, the cancellation meter beside them
+            la, res = _update_moving_seeds(
+                run, policy, seeds_state, active, idx, adv, perms, within, free_steps
+            )
+            if res is not None:
+                for name, value in res.items():
                     out[name][active, col] = value
             # 7: exact statistics of the moving seeds at their parameters after the step's updates
-            logits[active] = la
-            if adam:
-                exp_avg[active], exp_avg_sq[active] = m_a, v_a
-            lsm_a = torch.log_softmax(la, -1)
-            lp_a = exact.traj_logp(lsm_a)
-            p_a = lp_a.exp()
-            lsm[active] = lsm_a
-            new = exact.stats(lsm_a, lp_a, p_a)
-            for name in stat_keys:
-                prev[name][active] = new[name]
-        for name in stat_keys:
-            out[name][:, col] = prev[name]
+            seeds_state.set_moved(active, la)
+        for name in _STAT_KEYS:
+            out[name][:, col] = seeds_state.stats[name]
     out["step"][:] = torch.arange(1, steps + 1, dtype=torch.float64)
     out["updated"][:] = 1.0
     out["buffer_groups"][:] = 0.0
-    result: dict[str, Tensor] = {"seed": torch.tensor(seed_list, dtype=torch.long)}
+    result: dict[str, Tensor] = {"seed": torch.tensor(run.seeds, dtype=torch.long)}
     result.update(out)
     if samples is not None:
         result["samples"] = samples
     if return_logits:
-        result["logits"] = logits.detach().clone()
+        result["logits"] = seeds_state.logits.detach().clone()
     return result
 
 
