@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from app.figures import _rgba, color
+from plots import color, rgba
 
 from .stats import _fmt_ci, fmt_p, fmt_value, markdown_table, summarize_arms
 from .study import (
@@ -276,7 +276,7 @@ def curve_figure(study: StudyResult, curve: str) -> Any:
                 x=np.concatenate([x, x[::-1]]),
                 y=np.concatenate([hi, lo[::-1]]),
                 fill="toself",
-                fillcolor=_rgba(colour, 0.15),
+                fillcolor=rgba(colour, 0.15),
                 line={"width": 0},
                 hoverinfo="skip",
                 showlegend=False,

@@ -31,10 +31,10 @@ import torch
 from exercise_check import check, expect_cases, expect_close, forbid, number, reject  # the exercises' checks
 from show import fmt, table  # aligned tables of the numbers the cells compute
 
-from app.figures import ARM_COLORS, SYMBOLS  # one colour per arm (the app's) and marker symbols
 from cancellation import compute_loss
 from cancellation.diagnostics import token_coefficients
 from cancellation.objectives import sequence_log_ratio
+from plots import ARM_COLORS, SYMBOLS  # one colour per arm (the app's) and marker symbols
 from toymodel import theory
 from toymodel.scenarios import SHARED_PREFIX, shared_prefix_net, shared_prefix_policies
 

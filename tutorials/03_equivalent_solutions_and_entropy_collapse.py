@@ -31,9 +31,9 @@ from exercise_check import check, expect_cases, expect_close, forbid, number, re
 from plotly.subplots import make_subplots
 from show import fmt, report_rows, table  # tables of the cells' numbers; quotes of experiments/REPORT.md
 
-from app.figures import ARM_COLORS, SYMBOLS, seed_band  # arm colours and markers (the app's); mean ± 1 std
 from cancellation import compute_loss, group_advantages
 from cancellation.objectives import sequence_log_ratio
+from plots import ARM_COLORS, SYMBOLS, seed_band  # arm colours and markers (the app's); mean ± 1 std
 from toymodel import simulate
 from toymodel.scenarios import EQUIVALENT_SOLUTIONS
 
@@ -188,9 +188,9 @@ runs = {
 ARM_COLOR = {name: ARM_COLORS[name.removesuffix(" ε=0.2")] for name in runs_spec}  # as in every tutorial
 
 # %% [markdown]
-# Each curve is the mean over the 5 seeds with a band of ±1 standard deviation (`app.figures.seed_band`,
+# Each curve is the mean over the 5 seeds with a band of ±1 standard deviation (`plots.seed_band`,
 # the app's own curves). An arm has the same colour in both panels and in every tutorial
-# (`app.figures.ARM_COLORS`). Several arms end on top of each other, so each also has its own dash and
+# (`plots.ARM_COLORS`). Several arms end on top of each other, so each also has its own dash and
 # marker symbol, and its markers sit on its own steps (every 12th, shifted by 2 per arm): the eq. 86
 # control (dashed, open squares, drawn last) runs on DFPO Min-Replace's curve at GSPO's ε, the
 # point section 5 makes; the ε = 0.2 arms are dotted and dash-dotted.

@@ -31,10 +31,10 @@ from exercise_check import check, ensure, expect_cases, expect_close, forbid, re
 from plotly.subplots import make_subplots
 from show import report_rows, table  # tables of the cells' numbers; quotes of experiments/REPORT.md
 
-from app.figures import ARM_COLORS, SYMBOLS  # one colour per arm (the app's) and marker symbols
 from cancellation import compute_loss
 from cancellation.diagnostics import token_coefficients
 from cancellation.objectives import sign_aware_clip
+from plots import ARM_COLORS, SYMBOLS  # one colour per arm (the app's) and marker symbols
 from toymodel import simulate, theory
 from toymodel.scenarios import CLIP_ASYMMETRY, clip_asymmetry_net, clip_asymmetry_policies
 

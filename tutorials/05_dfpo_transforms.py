@@ -39,12 +39,12 @@ from exercise_check import check, ensure, expect_cases, expect_close, forbid, re
 from plotly.subplots import make_subplots
 from show import report_rows, table  # tables, and quotes of experiments/REPORT.md
 
-from app.figures import ARM_COLORS, curve_figure  # one colour per arm; the app's mean ± 1 std seed curves
 from cancellation import group_advantages
 from cancellation.diagnostics import shared_residual, token_coefficients
 from cancellation.objectives import sequence_log_ratio, sign_aware_clip
 from cancellation.transforms import TRANSFORMS, min_replace
 from experiments.stats import paired_difference
+from plots import ARM_COLORS, curve_figure  # one colour per arm; the app's mean ± 1 std seed curves
 from toymodel import get_scenario
 from toymodel.batched import seed_rows, simulate_seeds
 from toymodel.compare import summarize_variant
@@ -55,7 +55,7 @@ torch.set_printoptions(precision=4, sci_mode=False)
 f64 = torch.float64
 
 # %% [markdown]
-# One colour per arm, the same in every tutorial and on the Training lab (`app.figures.ARM_COLORS`,
+# One colour per arm, the same in every tutorial and on the Training lab (`plots.ARM_COLORS`,
 # the app's palette); the same arm at ε = 0.2 keeps its colour, dotted. This tutorial's labels:
 
 # %%
@@ -374,7 +374,7 @@ table(
 )  # fmt: skip
 
 # %% [markdown]
-# E[R] over the steps, mean ± 1 std over the 8 seeds (`app.figures.curve_figure`, the app's own). Arms
+# E[R] over the steps, mean ± 1 std over the 8 seeds (`plots.curve_figure`, the app's own). Arms
 # that lie on top of another are dashed.
 
 

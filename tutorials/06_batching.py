@@ -37,11 +37,11 @@ import torch
 from exercise_check import check, ensure, expect_cases, expect_close, expect_equal, forbid, number  # checks
 from show import report_rows, table  # tables, and quotes of experiments/REPORT.md
 
-from app.figures import curve_figure  # the app's mean ± 1 std seed curves, one colour per arm (ARM_COLORS)
 from cancellation import group_advantages
 from cancellation.batching import reward_balanced_select, split_minibatches
 from cancellation.diagnostics import shared_residual, steps_to_threshold, token_coefficients
 from experiments.stats import paired_difference
+from plots import curve_figure  # the app's mean ± 1 std seed curves, one colour per arm (ARM_COLORS)
 from toymodel import get_scenario, simulate
 
 pio.renderers.default = "plotly_mimetype+notebook_connected"
@@ -177,8 +177,8 @@ print("(mean ± std over the 10 seeds; a residual is first averaged over each ru
 # clipping: other groups move the shared contexts until a ratio leaves the clip range, tutorial 4.
 # The `shared res.` column includes events shared by only part of a group, which no batching
 # cancels: that part is credit assignment.) The
-# curves, mean ± 1 std over the 10 seeds (`app.figures.curve_figure`, the app's own, which draws each arm
-# in its colour of `app.figures.ARM_COLORS`):
+# curves, mean ± 1 std over the 10 seeds (`plots.curve_figure`, the app's own, which draws each arm
+# in its colour of `plots.ARM_COLORS`):
 
 # %%
 curve_figure(runs, "group_shared_residual", title="Group-shared residual, mean ± 1 std over 10 seeds",

@@ -32,7 +32,6 @@ import torch
 from exercise_check import check, expect_cases, expect_close, forbid, number, reject  # the exercises' checks
 from show import report_rows, table  # tables, and quotes of experiments/REPORT.md
 
-from app.figures import ARM_COLORS, PALETTE  # one colour per arm (as in every tutorial); the palette
 from cancellation import group_advantages, reweight_advantages
 from cancellation.batching import lopti_masks
 from cancellation.diagnostics import (
@@ -41,6 +40,7 @@ from cancellation.diagnostics import (
     steps_to_threshold,
     token_coefficients,
 )
+from plots import ARM_COLORS, PALETTE  # one colour per arm (as in every tutorial); the palette
 from toymodel import get_scenario, simulate
 
 pio.renderers.default = "plotly_mimetype+notebook_connected"

@@ -58,12 +58,12 @@ from plotly.subplots import make_subplots
 from show import report_rows, table  # tables, and quotes of experiments/REPORT.md
 
 # %%
-from app.figures import ARM_COLORS  # one colour per arm, the app's
 from cancellation import group_advantages
 from cancellation.diagnostics import event_index, prefix_event_keys, shared_residual, steps_to_threshold
 from cancellation.objectives import sequence_log_ratio
 from cancellation.update import CancellationMeter, coefficients
 from experiments.stats import markdown_table, paired_difference, summarize_arms
+from plots import ARM_COLORS  # one colour per arm, the app's
 from scaledrun import train as trainer
 from scaledrun.config import RunConfig
 from scaledrun.data import load_tasks

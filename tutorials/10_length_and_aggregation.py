@@ -37,10 +37,10 @@ import torch
 from exercise_check import check, expect_cases, expect_close, expect_equal, forbid, number, reject
 from show import table
 
-from app.figures import ARM_COLORS  # one colour per arm (as in every tutorial)
 from cancellation import group_advantages
 from cancellation.objectives import dfpo_weights
 from cancellation.update import CancellationMeter, coefficients
+from plots import ARM_COLORS  # one colour per arm (as in every tutorial)
 from toymodel import Scenario, simulate_seeds
 
 pio.renderers.default = "plotly_mimetype+notebook_connected"
@@ -161,7 +161,7 @@ ARMS = {  # label → (objective, parameters)
     "DFPO seq-mean-token-mean": ("dfpo", EPS),
     "DFPO token-mean": ("dfpo", {"aggregation": "token-mean", **EPS}),
 }
-#: each arm in its colour of every tutorial (`app.figures.ARM_COLORS`; DFPO is Min-Replace, its default
+#: each arm in its colour of every tutorial (`plots.ARM_COLORS`; DFPO is Min-Replace, its default
 #: transform), `seq-mean-token-mean` hatched or dashed
 ARM_OF = {"GRPO": "GRPO", "eq. 86 control": "eq. 86 control", "DFPO": "DFPO Min-Replace"}
 COLOR = {label: ARM_COLORS[ARM_OF[label.rsplit(" ", 1)[0]]] for label in ARMS}

@@ -45,9 +45,9 @@ import torch
 from exercise_check import check, expect_cases, expect_close, forbid, number, reject  # the checks
 from show import table
 
-from app.figures import ARM_COLORS  # one colour per arm (as in every tutorial)
 from cancellation import compute_loss, group_advantages
 from cancellation.diagnostics import steps_to_threshold, value_at_threshold
+from plots import ARM_COLORS  # one colour per arm (as in every tutorial)
 from toymodel import get_scenario, simulate_seeds
 
 pio.renderers.default = "plotly_mimetype+notebook_connected"

@@ -1,7 +1,7 @@
 """Page 7, Runs: how did real LM runs of ``scaledrun`` (GRPO, GRPO-fix, GSPO, DFPO) train?
 
 Pick a folder that holds run folders (each written by ``python -m scaledrun.train``: a ``metrics.jsonl``
-and a ``config.yaml``), then one or more runs. The curves are ``app.figures.curve_figure`` with
+and a ``config.yaml``), then one or more runs. The curves are ``plots.curve_figure`` with
 ``{run label: [rows]}`` (one run per label, so no seed band), on the same row keys as the toy's training
 lab where they exist (``scaledrun.train.STEP_KEYS``). The headline is each run's reward as its last line
 reports it, the mean of its last 10 steps (``scaledrun.runlog.last_steps_mean``; one step's reward ranked
@@ -36,8 +36,8 @@ import streamlit as st
 import yaml
 
 from app.common import page_header
-from app.figures import CURVE_TITLES, curve_figure
 from cancellation.diagnostics import jitter2, steps_to_threshold, trailing_mean
+from plots import CURVE_TITLES, curve_figure
 from scaledrun.runlog import SUMMARY_STEPS, last_steps_mean
 
 #: environment variable naming the default runs folder

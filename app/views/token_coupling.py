@@ -20,7 +20,9 @@ import streamlit as st
 import torch
 
 from app.common import page_header, user_errors
-from app.figures import (
+from cancellation.coupling import ValueGap, boost_stats, first_order_delta, value_gap
+from experiments import coupling as xc
+from plots import (
     delta_scatter,
     kernel_heatmap,
     masking_histogram,
@@ -28,8 +30,6 @@ from app.figures import (
     topk_gap_curve,
     value_gap_bars,
 )
-from cancellation.coupling import ValueGap, boost_stats, first_order_delta, value_gap
-from experiments import coupling as xc
 from toymodel.scenarios import SCENARIOS
 
 #: more tokens than this make the exact masked steps (one SGD step per candidate and set) too slow

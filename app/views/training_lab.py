@@ -9,7 +9,7 @@ objective's own metrics (Asym, clip fractions): the page then leaves those curve
 (variant, seed) run is one ``toymodel.simulate`` call behind ``st.cache_data``, so changing one input
 recomputes only the runs it affects; on either path adding an objective runs only that objective. A
 caption says which path ran. The curves
-are ``app.figures.curve_figure`` (mean over seeds, ±1 sample-std band) and the summary table is
+are ``plots.curve_figure`` (mean over seeds, ±1 sample-std band) and the summary table is
 ``toymodel.compare.summarize_variant`` per variant (plus the cancellation meters it lacks, averaged the
 same way). Incompatible choices (dfpo or gspo's paper estimator with Advantage Reweighting or Lopti,
 more mini-batches than groups) show the library's own error message.
@@ -36,12 +36,12 @@ import streamlit as st
 import torch
 
 from app.common import page_header, user_errors
-from app.figures import CURVE_TITLES, curve_figure
 from app.lab_cost import CONFIRM_ABOVE_S, batched_seconds, drawing_seconds, format_seconds, simulate_seconds
 from cancellation import TRANSFORMS
 from cancellation.batching import SPLIT_MODES
 from cancellation.glossary import METER_DOCS
 from cancellation.update import RESIDUAL_KEYS
+from plots import CURVE_TITLES, curve_figure
 from toymodel import SCENARIOS, simulate
 from toymodel.batched import BATCHED_KEYS, seed_rows, simulate_seeds
 from toymodel.compare import COLUMNS, VARIANTS, summarize_variant

@@ -26,11 +26,11 @@ import streamlit as st
 import torch
 
 from app.common import page_header, user_errors
-from app.figures import LINE_COLOR_WORD, ORTHANT_COLOR_WORD, PLANE_COLOR_WORD, weight_space_figure
 from cancellation import TRANSFORMS, group_advantages
 from cancellation.advantages import SCALES
 from cancellation.diagnostics import token_coefficients
 from cancellation.objectives import ESTIMATORS, group_asym, sign_aware_clip
+from plots import LINE_COLOR_WORD, ORTHANT_COLOR_WORD, PLANE_COLOR_WORD, weight_space_figure
 
 #: the group shown at first: G = 3, one correct and two wrong completions. G = 3 so that the projection is
 #: drawn (weight space is G-dimensional: the picture exists for G = 2 or 3); one correct answer against

@@ -1,6 +1,6 @@
 """Training lab page: the table shows exactly toymodel's numbers for the same arguments and seeds, every
 input reruns cleanly, and incompatible choices show the library's message. Also the reusable figure
-builders of ``app/figures.py`` against plain-loop statistics.
+builders of ``plots`` against plain-loop statistics.
 
 Most tests shrink the run (few steps, one or two seeds) by presetting the widgets' session state before
 the first run; the default page (3 objectives × 16 seeds × 100 steps) and the page's 10-seed reference
@@ -23,10 +23,10 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app.figures import CURVE_TITLES, curve_figure, seed_band, weight_space_figure
 from app.lab_cost import CONFIRM_ABOVE_S
 from app.views.training_lab import DEFAULT_SEEDS, MAX_SEEDS, OBJECTIVE_CURVES
 from cancellation.update import RESIDUAL_KEYS
+from plots import CURVE_TITLES, curve_figure, seed_band, weight_space_figure
 from toymodel import simulate
 from toymodel.compare import COLUMNS, summarize_variant
 
@@ -374,7 +374,7 @@ def test_no_objective_selected():
 
 
 # ------------------------------------------------------------------------------------------------
-# app/figures.py
+# plots
 
 
 #: every slider of the run at its maximum (steps, a number input, at its default 100): one rerun took

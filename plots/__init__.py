@@ -1,4 +1,5 @@
-"""Reusable plotly figures of the app: training curves over seeds and DFPO's weight-space picture.
+"""Plotly figures shared by the app, the report and the tutorials: training curves over seeds, the arm
+colours, DFPO's weight-space picture and the token-coupling pictures.
 
 The curve builders take ``{label: [run, run, ...]}`` where a run is a list of rows (dicts with a
 ``"step"`` key and metric keys), exactly what ``toymodel.simulate`` returns; the Runs page of the LM
@@ -122,7 +123,8 @@ def arm_colors(labels: Iterable[str]) -> dict[str, str]:
     return {label: ARM_COLORS.get(label) or free[others.index(label) % len(free)] for label in labels}
 
 
-def _rgba(hex_color: str, alpha: float) -> str:
+def rgba(hex_color: str, alpha: float) -> str:
+    """``"#rrggbb"`` as a plotly ``"rgba(r,g,b,alpha)"`` string (a band's fill in its curve's colour)."""
     h = hex_color.lstrip("#")
     return f"rgba({int(h[0:2], 16)},{int(h[2:4], 16)},{int(h[4:6], 16)},{alpha})"
 
@@ -191,7 +193,7 @@ def curve_figure(
                     x=band_x[ok],
                     y=band_y[ok],
                     fill="toself",
-                    fillcolor=_rgba(c, 0.18),
+                    fillcolor=rgba(c, 0.18),
                     line={"width": 0},
                     hoverinfo="skip",
                     showlegend=False,
