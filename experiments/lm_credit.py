@@ -74,8 +74,7 @@ from torch import Tensor
 from cancellation.coupling import counterfactual_value, repeated_sgd, sgd_step, value_gap
 from cancellation.diagnostics import event_index, prefix_event_keys
 from cancellation.update import coefficients
-
-from .coupling_lm import LMBatch, load_policy, sample_lm_batch
+from instruments.coupling_lm import LMBatch, load_policy, sample_lm_batch
 
 #: The three updates of §4a.
 FILTER_UPDATES = ("grpo", "positive_only", "negative_only")

@@ -4,12 +4,12 @@ The paper: "The Cancellation Hypothesis in Critic-Free RL: From Outcome Rewards 
 (arXiv 2605.08666). Four measurements, each its own module's, collected here into one JSON file and one
 section of ``experiments/REPORT.md``:
 
-- ``toy_table1``: Table 1 on the small neural policy (``experiments.coupling``): the default reading for
+- ``toy_table1``: Table 1 on the small neural policy (``instruments.coupling``): the default reading for
   the Full and LM-head columns, and the convention grid ranked by distance to the paper's Boost Rates;
 - ``toy_values``: Fig. 5 / 6 / 11's value gap with the *exact* counterfactual token values of the toy
-  (``experiments.coupling.value_gap_study``);
+  (``instruments.coupling.value_gap_study``);
 - ``lm_table1``: Table 1, the tied vs untied LM head and the proxy on the tiny Qwen3
-  (``experiments.coupling_lm``);
+  (``instruments.coupling_lm``);
 - ``lm_credit``: cancellation as filter (positive-only / negative-only / GRPO from one checkpoint) and the
   Monte Carlo counterfactual value on the tiny Qwen3 (``experiments.lm_credit``).
 
@@ -102,7 +102,7 @@ def toy_values_summary(res: Mapping[str, Any]) -> str:
 
 def toy_table1(*, quick: bool = False) -> dict[str, Any]:
     """Table 1 on the neural toy: the default reading (Full and LM-head) and the convention grid's ranking."""
-    from .coupling import closest_to_paper, convention_grid, table1
+    from instruments.coupling import closest_to_paper, convention_grid, table1
 
     seeds = (0,) if quick else (0, 1, 2)
     default = {u: table1(update=u) for u in ("full", "head")}
@@ -145,7 +145,7 @@ def run_token_level(
         if part == "toy_table1":
             result[part] = toy_table1(quick=quick)
         elif part == "toy_values":
-            from .coupling import VALUE_SCENARIOS, value_gap_study
+            from instruments.coupling import VALUE_SCENARIOS, value_gap_study
 
             studies = {sc: value_gap_study(sc, quick=quick) for sc in VALUE_SCENARIOS}
             result[part] = {sc: {k: v for k, v in r.items() if k != "per_seed"} for sc, r in studies.items()}
@@ -157,7 +157,7 @@ def run_token_level(
                 model_dir = str(ensure_model(Path(root) / "model", warm_start_steps=WARM_START_STEPS,
                                              stop_accuracy=None, settings=MODEL_SETTINGS, progress=say))  # fmt: skip
             if part == "lm_table1":
-                from .coupling_lm import lm_table1
+                from instruments.coupling_lm import lm_table1
 
                 quick_kw: dict[str, Any] = (
                     {"seeds": (0,), "num_prompts": 1, "n_candidates": 8} if quick else {}
@@ -186,7 +186,7 @@ def load(out: str | Path) -> dict[str, Any] | None:
 
 def markdown(result: Mapping[str, Any]) -> str:
     """The report section for ``result`` (the parts that are there)."""
-    from .coupling import CONVENTION_KEYS, MASK_SETS, format_table, table_rows
+    from instruments.coupling import CONVENTION_KEYS, MASK_SETS, format_table, table_rows
 
     parts = [
         "## Token-level instruments: the cancellation hypothesis\n",
@@ -224,7 +224,7 @@ def markdown(result: Mapping[str, Any]) -> str:
             + f", {best['distance_pp']:.1f} points from the paper's column.\n"
         )  # fmt: skip
     if "toy_values" in result:
-        from .coupling import format_value_tables
+        from instruments.coupling import format_value_tables
 
         parts.append("### Counterfactual value on the toy (exact)\n")
         parts.append(TOY_VALUES_TEXT)
@@ -232,7 +232,7 @@ def markdown(result: Mapping[str, Any]) -> str:
             parts.append(toy_values_summary(res))
             parts.append(format_value_tables(res) + "\n")
     if "lm_table1" in result:
-        from .coupling_lm import markdown_lm_table1
+        from instruments.coupling_lm import markdown_lm_table1
 
         parts.append(_demote(markdown_lm_table1(result["lm_table1"])) + "\n")
     if "lm_credit" in result:

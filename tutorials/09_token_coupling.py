@@ -34,7 +34,7 @@
 # **Equation numbers in this tutorial are the cancellation-hypothesis paper's** (not the DFPO paper's,
 # the other tutorials' default). The text of the paper we work from lost its typeset equations: every formula
 # below was *rebuilt* from the prose around its number, as in `cancellation.coupling`, whose docstrings
-# give each rebuilt form. Every number is computed by `cancellation.coupling`, `experiments.coupling`
+# give each rebuilt form. Every number is computed by `cancellation.coupling`, `instruments.coupling`
 # and `toymodel`; outside the exercises the notebook re-implements none of them.
 
 # %%
@@ -67,7 +67,7 @@ from cancellation.coupling import (
     update_norm_split,
 )
 from cancellation.update import coefficients
-from experiments.coupling import (
+from instruments.coupling import (
     MASK_SETS,
     PAPER_BOOST_RATE,
     format_table,
@@ -108,7 +108,7 @@ f64 = torch.float64
 # with one embedding $e_c$ per node of the prefix tree (the hidden state depends on the whole prefix, as
 # an LM's does), a hidden layer $W_1, b_1$ **shared** by every context, and an **untied** unembedding
 # $W_\text{out}$ with one row per token string (19 strings on `template_task`). No output bias, so the
-# gradient w.r.t. $W_\text{out}$ is exactly eq. 6's. `experiments.coupling.sample_batch` builds the
+# gradient w.r.t. $W_\text{out}$ is exactly eq. 6's. `instruments.coupling.sample_batch` builds the
 # seeded net and samples 4 groups of 8 completions of `template_task` on-policy; its fields are the
 # batch's $N$ completion tokens, flattened (`coef` the GRPO coefficients $c_j = \partial J/\partial\log\pi(y_j)$,
 # `tokens`, `probs`, `hidden`, `probs_taken` = $\pi_j(y_j)$, ...).
@@ -192,7 +192,7 @@ ratio = float(
 print(f"the error shrinks {ratio:.0f}× for a 10× smaller step")
 
 # %% [markdown]
-# At lr = 1 (the default of `experiments.coupling`: plain SGD, $|c| \approx 1/N$) the steps move
+# At lr = 1 (the default of `instruments.coupling`: plain SGD, $|c| \approx 1/N$) the steps move
 # $\log\pi$ by up to about 0.2 and the first-order picture holds to a few per cent. Now the split
 # itself: the self-term against the actual change, every movable token one point.
 
@@ -421,12 +421,12 @@ fig.show()
 # the same token, low-confidence tokens, and tokens meeting both conditions, once for a step on the
 # unembedding alone ("LM-head") and once on all parameters ("Full").
 #
-# `experiments.coupling.measure(batch)` builds the four sets of every candidate (`mask_sets`) and
+# `instruments.coupling.measure(batch)` builds the four sets of every candidate (`mask_sets`) and
 # computes the exact ME by one masked step per candidate (`masking_effect` with `sgd_step`) and the
 # first-order ME from the kernel; `summarise(m, update=...)` turns them into the table. The paper's text
 # leaves the conventions open (its low-confidence threshold, its learning rate, whether a mask takes
 # tokens of both advantage signs, which tokens are candidates, how a random mask is sized); each is a
-# parameter of `experiments.coupling.table1`, whose docstring gives the defaults and why. Defaults
+# parameter of `instruments.coupling.table1`, whose docstring gives the defaults and why. Defaults
 # here: lr = 1, low confidence $\pi < 0.5$, masks of either sign, the random mask as large as the
 # "both" mask, candidates the tokens whose "both" set is non-empty.
 

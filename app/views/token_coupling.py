@@ -1,11 +1,11 @@
 """Page 6, Token coupling (cancellation-hypothesis paper, arXiv 2605.08666): how do a batch's tokens move each other?
 
-One on-policy batch of the small neural policy (``experiments.coupling.sample_batch``: ``toymodel.neural``
+One on-policy batch of the small neural policy (``instruments.coupling.sample_batch``: ``toymodel.neural``
 on a toy scenario, GRPO coefficients c = ∂J/∂log π) and one plain SGD step on it. Every number is the
-library's: ``experiments.coupling.measure`` gives the coupling kernels (full, output layer, and the
+library's: ``instruments.coupling.measure`` gives the coupling kernels (full, output layer, and the
 output-layer proxy of eq. 6–8), the actual and first-order Δ log π and the exact Masking Effects of Table 1's
 four mask sets; ``cancellation.coupling`` gives the self/coupling split (``first_order_delta``, eq. 5),
-``boost_stats``, ``coupling_mass`` and ``value_gap`` (Fig. 5); ``experiments.coupling.batch_token_values``
+``boost_stats``, ``coupling_mass`` and ``value_gap`` (Fig. 5); ``instruments.coupling.batch_token_values``
 the exact counterfactual token values (App. E.2, eq. 20). The paper's text lost its typeset equations: the
 library rebuilt them from the prose, and the equation numbers here are the paper's.
 """
@@ -21,7 +21,7 @@ import torch
 
 from app.common import page_header, user_errors
 from cancellation.coupling import ValueGap, boost_stats, first_order_delta, value_gap
-from experiments import coupling as xc
+from instruments import coupling as xc
 from plots import (
     delta_scatter,
     kernel_heatmap,

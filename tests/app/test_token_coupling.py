@@ -1,7 +1,7 @@
 """AppTest of the Token coupling page: the numbers it shows are the library's for the same inputs.
 
 The references are recomputed here from the sidebar's values: the batch with
-``experiments.coupling.sample_batch``, the output-layer kernel from per-token scores over W_out alone
+``instruments.coupling.sample_batch``, the output-layer kernel from per-token scores over W_out alone
 (``per_token_scores`` + ``coupling_kernel``) against ``proxy_kernel`` (eq. 6-8), the masking effects with
 ``measure`` and the Boost Rate by a plain count, the value gap (Fig. 5) by a plain loop over the exact
 token values (``batch_token_values``) and the actual Δ log π of the step.
@@ -21,7 +21,7 @@ import torch
 from streamlit.testing.v1 import AppTest
 
 from cancellation.coupling import coupling_kernel, per_token_scores, proxy_kernel
-from experiments import coupling as xc
+from instruments import coupling as xc
 
 from ..exactness import FLOAT64_RTOL
 from .pages import loaded, metric_text

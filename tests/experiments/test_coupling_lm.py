@@ -1,4 +1,4 @@
-"""experiments.coupling_lm: Table 1's instruments on a tiny Qwen3, every number recomputed independently.
+"""instruments.coupling_lm: Table 1's instruments on a tiny Qwen3, every number recomputed independently.
 
 Independent references: the trainer's own scorer (``scaledrun.rollout.completion_logprobs``) for the
 flattened batch; a plain ``torch.autograd.grad`` of one token's log-prob through an ordinary forward for
@@ -27,8 +27,8 @@ from cancellation.coupling import (
     proxy_kernel,
     sgd_step,
 )
-from experiments.coupling import MASK_SETS, PAPER_BOOST_RATE
-from experiments.coupling_lm import (
+from instruments.coupling import MASK_SETS, PAPER_BOOST_RATE
+from instruments.coupling_lm import (
     EMBED_NAME,
     LM_UPDATES,
     LMBatch,

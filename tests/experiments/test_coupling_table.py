@@ -1,4 +1,4 @@
-"""experiments.coupling: Table 1 of arXiv 2605.08666 on the neural toy, every number recomputed by hand.
+"""instruments.coupling: Table 1 of arXiv 2605.08666 on the neural toy, every number recomputed by hand.
 
 Independent references: per-token gradients from a plain autograd loop; the SGD step applied by hand
 (copy θ, add lr·Σ_k c_k g_k with the masked coefficients, recompute log π with the model); the first-order
@@ -14,8 +14,8 @@ import math
 import pytest
 import torch
 
-import experiments.coupling as coupling_experiment
-from experiments.coupling import (
+import instruments.coupling as coupling_experiment
+from instruments.coupling import (
     MASK_SETS,
     PAPER_BOOST_RATE,
     Batch,

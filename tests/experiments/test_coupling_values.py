@@ -1,4 +1,4 @@
-"""experiments.coupling's value gap (arXiv 2605.08666 Sec. 3, App. E.2; Fig. 5, 6, 11), recomputed by hand.
+"""instruments.coupling's value gap (arXiv 2605.08666 Sec. 3, App. E.2; Fig. 5, 6, 11), recomputed by hand.
 
 Independent references: the SGD step applied by hand (copy θ, add lr·∇_θ Σ_k c_k log π(y_k), recompute
 log π with the model); boosted / suppressed split by a plain loop over the tokens; the top-k by entropy by
@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 
-from experiments.coupling import (
+from instruments.coupling import (
     Batch,
     batch_token_values,
     format_value_tables,

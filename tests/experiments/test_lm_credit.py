@@ -18,7 +18,6 @@ import torch
 
 from cancellation.coupling import counterfactual_value
 from cancellation.diagnostics import prefix_event_keys
-from experiments.coupling_lm import load_policy, sample_lm_batch
 from experiments.lm_credit import (
     FILTER_UPDATES,
     TOKEN_CLASSES,
@@ -38,6 +37,7 @@ from experiments.lm_credit import (
     state_probs,
     token_classes,
 )
+from instruments.coupling_lm import load_policy, sample_lm_batch
 from scaledrun.backends import Sampling, stop_token_ids
 from scaledrun.rewards import REWARDS, register_reward
 from scaledrun.rollout import first_eos_mask, position_ids_from_mask
