@@ -85,7 +85,7 @@ def before_scores(model: Any, ids: Any, att: Any, t: int, tau: float, with_entro
     """``scaledrun.rollout.completion_logprobs`` before ``scaledrun.scoring`` (commit ac5ef8e), its body."""
     import torch
 
-    from scaledrun.rollout import position_ids_from_mask
+    from scaledrun.scoring import position_ids_from_mask
 
     out = model(input_ids=ids, attention_mask=att, position_ids=position_ids_from_mask(att), use_cache=False)
     logits = out.logits[:, -t - 1 : -1, :].float()
@@ -103,8 +103,7 @@ def before_scores(model: Any, ids: Any, att: Any, t: int, tau: float, with_entro
 def _scorer(name: str, model: Any, chunk: int):
     """score(ids, att, mask, tau, with_entropy) -> logp (B, T) for the named scorer."""
 
-    from scaledrun.rollout import position_ids_from_mask
-    from scaledrun.scoring import completion_scores
+    from scaledrun.scoring import completion_scores, position_ids_from_mask
 
     t = COMPLETION
     if name == "before":

@@ -35,6 +35,12 @@ def check_finite(name: str, x: Tensor) -> None:
         )
 
 
+def check_int(name: str, x: Tensor) -> None:
+    """Raise unless ``x`` holds integers (token ids or event keys: not float, complex or bool)."""
+    if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
+        raise TypeError(f"`{name}` must hold integer token ids, got dtype {x.dtype}")
+
+
 def check_group(group: Tensor, batch: int) -> None:
     """Raise unless ``group`` is a (B,) integer tensor."""
     check_1d("group", group, batch)

@@ -25,12 +25,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._checks import check_1d, check_2d, check_finite, check_group, check_mask, group_index
-
-
-def _check_int(name: str, x: Tensor) -> None:
-    if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
-        raise TypeError(f"`{name}` must hold integer token ids, got dtype {x.dtype}")
+from ._checks import check_1d, check_2d, check_finite, check_group, check_int, check_mask, group_index
+from .update import coefficients, event_index, event_sums
 
 
 def token_coefficients(
@@ -60,8 +56,6 @@ def token_coefficients(
     Returns:
         (B, T) coefficients, 0 on padding.
     """
-    from .update import coefficients  # the one place that differentiates an objective for its coefficients
-
     return coefficients(name, logp, old_logp, advantages, mask, group, with_metrics=False, **params).coef
 
 
@@ -84,7 +78,7 @@ def prefix_event_keys(tokens: Tensor, mask: Tensor, group: Tensor) -> Tensor:
         (B, T) int64 event ids, compact (0..E−1, in no particular meaning), −1 on padding.
     """
     check_2d("tokens", tokens)
-    _check_int("tokens", tokens)
+    check_int("tokens", tokens)
     b, t_len = tokens.shape
     check_2d("mask", mask, (b, t_len))
     check_group(group, b)
@@ -128,53 +122,6 @@ class SharedResidual:
     count: Tensor
     ratio: Tensor
     total: float
-
-
-@dataclass(frozen=True)
-class EventIndex:
-    """The shared events of one batch, indexed once (reuse it for every coefficient tensor of the batch).
-
-    Attributes:
-        keys: (E,) int64 event ids, sorted.
-        inverse: (B, T) int64 slot of each token's event; E (one extra "no event" slot) for padding
-            and for tokens whose key is −1.
-        count: (E,) int64 occurrences of each event in the batch.
-    """
-
-    keys: Tensor
-    inverse: Tensor
-    count: Tensor
-
-
-def event_index(keys: Tensor, mask: Tensor) -> EventIndex:
-    """Index the (context, token) events of a batch: ``keys`` (B, T) int64 ids (−1: none), ``mask`` (B, T)."""
-    check_2d("keys", keys)
-    _check_int("keys", keys)
-    check_2d("mask", mask, (keys.shape[0], keys.shape[1]))
-    valid = mask.bool() & (keys >= 0)
-    uniq, inv = torch.unique(keys[valid].long(), return_inverse=True)
-    e = uniq.shape[0]
-    inverse = torch.full(keys.shape, e, dtype=torch.long, device=keys.device)
-    inverse[valid] = inv
-    count = torch.zeros(e, dtype=torch.long, device=keys.device).index_add_(0, inv, torch.ones_like(inv))
-    return EventIndex(keys=uniq, inverse=inverse, count=count)
-
-
-def event_sums(coef: Tensor, index: EventIndex) -> tuple[Tensor, Tensor]:
-    """Per-event net Σ coef and gross Σ |coef| (DFPO eq. 72's bracket), each (E,).
-
-    Args:
-        coef: (B, T) token coefficients of the batch ``index`` was built on (0 where a token took no
-            part, e.g. outside the mini-batch of one optimiser step).
-        index: from ``event_index``.
-    """
-    check_2d("coef", coef, (index.inverse.shape[0], index.inverse.shape[1]))
-    e = index.count.shape[0]
-    flat = index.inverse.flatten()
-    c = coef.flatten()
-    net = torch.zeros(e + 1, dtype=coef.dtype, device=coef.device).index_add_(0, flat, c)[:e]
-    gross = torch.zeros(e + 1, dtype=coef.dtype, device=coef.device).index_add_(0, flat, c.abs())[:e]
-    return net, gross
 
 
 def shared_residual(coef: Tensor, keys: Tensor, mask: Tensor, min_count: int = 2) -> SharedResidual:
@@ -326,7 +273,7 @@ def softmax_grad_norm(probs: Tensor, tokens: Tensor) -> Tensor:
         raise ValueError(
             f"`tokens` has shape {tuple(tokens.shape)} but `probs` (..., V) needs (...) = {tuple(probs.shape[:-1])}"
         )
-    _check_int("tokens", tokens)
+    check_int("tokens", tokens)
     v = probs.shape[-1]
     if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= v):
         raise ValueError(f"`tokens` holds ids outside [0, V) with V={v}")
@@ -395,7 +342,7 @@ def energy_by_bucket(
     check_2d("coef", coef)
     b, t_len = coef.shape
     check_2d("tokens", tokens, (b, t_len))
-    _check_int("tokens", tokens)
+    check_int("tokens", tokens)
     check_mask(mask, (b, t_len))
     if probs.dim() != 3 or tuple(probs.shape[:2]) != (b, t_len):
         raise ValueError(

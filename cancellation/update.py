@@ -21,6 +21,8 @@ Contents:
   outside each stage's token set, everything else unchanged);
 - ``Schedule`` / ``minibatches``: the optimiser steps of one RL step, in order;
 - ``coefficients``: one ``compute_loss`` call on a mini-batch → its coefficients and metrics;
+- ``event_index`` / ``event_sums``: DFPO's shared context-token events (eq. 71–72) of a batch, indexed
+  once, and each event's net and gross coefficient sum (the meters' and ``diagnostics.shared_residual``'s);
 - ``CancellationMeter``: ``shared_residual``, ``group_shared_residual`` and ``sequence_net_residual`` of
   the coefficients the optimiser steps applied;
 - ``RewardBalancedBuffer``: the FIFO of groups that reward-balanced batching (cancellation-hypothesis
@@ -37,9 +39,8 @@ from typing import Any, Generic, TypeVar
 import torch
 from torch import Tensor
 
-from ._checks import check_1d, check_2d, check_group, group_index, group_sum
+from ._checks import check_1d, check_2d, check_group, check_int, group_index, group_sum
 from .batching import SPLIT_MODES, lopti_masks, reward_balanced_select, split_minibatches
-from .diagnostics import event_index, event_sums
 from .objectives import compute_loss
 
 # ------------------------------------------------------------------------------------------------
@@ -266,6 +267,53 @@ class MeterTotals:
 RESIDUAL_KEYS = ("shared_residual", "group_shared_residual", "sequence_net_residual")
 
 
+@dataclass(frozen=True)
+class EventIndex:
+    """The shared events of one batch, indexed once (reuse it for every coefficient tensor of the batch).
+
+    Attributes:
+        keys: (E,) int64 event ids, sorted.
+        inverse: (B, T) int64 slot of each token's event; E (one extra "no event" slot) for padding
+            and for tokens whose key is −1.
+        count: (E,) int64 occurrences of each event in the batch.
+    """
+
+    keys: Tensor
+    inverse: Tensor
+    count: Tensor
+
+
+def event_index(keys: Tensor, mask: Tensor) -> EventIndex:
+    """Index the (context, token) events of a batch: ``keys`` (B, T) int64 ids (−1: none), ``mask`` (B, T)."""
+    check_2d("keys", keys)
+    check_int("keys", keys)
+    check_2d("mask", mask, (keys.shape[0], keys.shape[1]))
+    valid = mask.bool() & (keys >= 0)
+    uniq, inv = torch.unique(keys[valid].long(), return_inverse=True)
+    e = uniq.shape[0]
+    inverse = torch.full(keys.shape, e, dtype=torch.long, device=keys.device)
+    inverse[valid] = inv
+    count = torch.zeros(e, dtype=torch.long, device=keys.device).index_add_(0, inv, torch.ones_like(inv))
+    return EventIndex(keys=uniq, inverse=inverse, count=count)
+
+
+def event_sums(coef: Tensor, index: EventIndex) -> tuple[Tensor, Tensor]:
+    """Per-event net Σ coef and gross Σ |coef| (DFPO eq. 72's bracket), each (E,).
+
+    Args:
+        coef: (B, T) token coefficients of the batch ``index`` was built on (0 where a token took no
+            part, e.g. outside the mini-batch of one optimiser step).
+        index: from ``event_index``.
+    """
+    check_2d("coef", coef, (index.inverse.shape[0], index.inverse.shape[1]))
+    e = index.count.shape[0]
+    flat = index.inverse.flatten()
+    c = coef.flatten()
+    net = torch.zeros(e + 1, dtype=coef.dtype, device=coef.device).index_add_(0, flat, c)[:e]
+    gross = torch.zeros(e + 1, dtype=coef.dtype, device=coef.device).index_add_(0, flat, c.abs())[:e]
+    return net, gross
+
+
 class CancellationMeter:
     """The cancellation left in the coefficients an RL step applied (DFPO eq. 2, 72), over its optimiser steps.
 
@@ -485,11 +533,14 @@ __all__ = [
     "RESIDUAL_KEYS",
     "CancellationMeter",
     "Coefficients",
+    "EventIndex",
     "MeterTotals",
     "MiniBatch",
     "RewardBalancedBuffer",
     "Schedule",
     "coefficients",
+    "event_index",
+    "event_sums",
     "lopti_stage_advantages",
     "minibatches",
 ]

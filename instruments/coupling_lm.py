@@ -268,7 +268,7 @@ class LMBatch:
 
 
 def _positions(attention_mask: Tensor) -> Tensor:
-    from scaledrun.rollout import position_ids_from_mask
+    from scaledrun.scoring import position_ids_from_mask
 
     return position_ids_from_mask(attention_mask)
 

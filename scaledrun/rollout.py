@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .backends import HFBackend, RolloutBackend, Sampling, stop_token_ids
-from .scoring import at_least_float32, completion_scores
+from .scoring import at_least_float32, completion_scores, position_ids_from_mask
 
 #: Positions per LM-head chunk when a caller does not say (the config's ``logprob_chunk_tokens`` default).
 DEFAULT_CHUNK_TOKENS = 128
@@ -146,11 +146,6 @@ def concat_batches(batches: list[RolloutBatch], pad_token_id: int) -> RolloutBat
         else:
             out[k] = torch.cat(v, 0)
     return RolloutBatch(**out)
-
-
-def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
-    """(B, L) positions that skip left padding, as ``generate`` computes them for a left-padded batch."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 @contextmanager

@@ -345,6 +345,11 @@ def _head_forward(head: torch.nn.Module, forward: Callable[[Tensor], Tensor]) ->
             del head.forward
 
 
+def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
+    """(B, L) positions that skip left padding, as ``generate`` computes them for a left-padded batch."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
 def packed_inputs(
     input_ids: Tensor, attention_mask: Tensor, completion_len: int, scored: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -408,8 +413,6 @@ def completion_scores(
         ``logp`` (B, T) float32 (carries the gradient when grad is enabled), and with ``with_entropy``
         ``entropy`` (B, T) float32 (no gradient); both 0 at positions not scored.
     """
-    from .rollout import position_ids_from_mask  # (rollout imports this module)
-
     if input_ids.dim() != 2 or attention_mask.shape != input_ids.shape:
         raise ValueError(
             f"input_ids and attention_mask must both be (B, L), got {tuple(input_ids.shape)} and "

@@ -59,9 +59,9 @@ from show import report_rows, table  # tables, and quotes of experiments/REPORT.
 
 # %%
 from cancellation import group_advantages
-from cancellation.diagnostics import event_index, prefix_event_keys, shared_residual, steps_to_threshold
+from cancellation.diagnostics import prefix_event_keys, shared_residual, steps_to_threshold
 from cancellation.objectives import sequence_log_ratio
-from cancellation.update import CancellationMeter, coefficients
+from cancellation.update import CancellationMeter, coefficients, event_index
 from experiments.stats import markdown_table, paired_difference, summarize_arms
 from plots import ARM_COLORS  # one colour per arm, the app's
 from scaledrun import train as trainer

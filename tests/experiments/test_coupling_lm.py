@@ -46,7 +46,8 @@ from instruments.coupling_lm import (
     update_scores,
 )
 from scaledrun.rewards import REWARDS, register_reward
-from scaledrun.rollout import completion_logprobs, position_ids_from_mask
+from scaledrun.rollout import completion_logprobs
+from scaledrun.scoring import position_ids_from_mask
 
 from ..conftest import SEED
 from ..exactness import FLOAT64_RTOL, close, rounding_tolerance

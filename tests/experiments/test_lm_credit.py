@@ -40,7 +40,8 @@ from experiments.lm_credit import (
 from instruments.coupling_lm import load_policy, sample_lm_batch
 from scaledrun.backends import Sampling, stop_token_ids
 from scaledrun.rewards import REWARDS, register_reward
-from scaledrun.rollout import first_eos_mask, position_ids_from_mask
+from scaledrun.rollout import first_eos_mask
+from scaledrun.scoring import position_ids_from_mask
 
 from ..conftest import SEED
 from ..exactness import FLOAT64_RTOL

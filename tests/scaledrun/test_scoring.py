@@ -35,8 +35,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from cancellation import compute_loss, objective_names
-from scaledrun.rollout import position_ids_from_mask
-from scaledrun.scoring import chunked_token_logprob, completion_scores
+from scaledrun.scoring import chunked_token_logprob, completion_scores, position_ids_from_mask
 from scaledrun.tiny import make_model
 
 from ..conftest import SEED
