@@ -14,6 +14,11 @@ Every objective has the signature::
 with the same keys for every objective (see ``METRIC_KEYS``). The clip range ``epsilon_low`` /
 ``epsilon_high`` (grpo, gspo, dfpo) is a float or a (B,) tensor, one ε per row (elementwise).
 
+Each objective's parameters are declared once, as a frozen dataclass of ``cancellation.params``
+(``register(name, params=...)``): their names, defaults (what the loss uses when one is left out), valid
+values and one line of documentation. ``scaledrun.config``, the toy's theory and CLI and the TRL plug-in
+read them from ``params_class(name)``.
+
 An objective is built in three separate layers (docs/DESIGN.md): weights (token ratios r, sequence ratio
 s, clipping), an optional group transform (``transforms``), and aggregation (``aggregation``).
 Sequence-level objectives broadcast their per-sequence term to every token of the sequence, so
@@ -23,6 +28,7 @@ verl implement sequence-level importance sampling.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -31,6 +37,8 @@ from torch import Tensor
 
 from ._checks import check_1d, check_2d, check_finite, check_group, check_mask, group_index, group_sum
 from .aggregation import aggregate, aggregation_names
+from .params import ESTIMATORS as ESTIMATORS  # re-exported: its home is cancellation.params
+from .params import DfpoParams, GrpoParams, GrpoSymclipParams, GspoParams, ObjectiveParams
 from .transforms import get_transform
 
 #: Metric keys every objective returns (the toy, the trainer's logs and the app share them).
@@ -53,13 +61,22 @@ METRIC_KEYS = (
 
 Objective = Callable[..., tuple[Tensor, dict[str, float]]]
 OBJECTIVES: dict[str, Objective] = {}
+#: Each registered objective's parameter class (``cancellation.params``); objectives without one take none.
+PARAMS: dict[str, type[ObjectiveParams]] = {}
 
 
-def register(name: str) -> Callable[[Objective], Objective]:
-    """Decorator: register an objective under ``name``."""
+def register(name: str, params: type[ObjectiveParams] | None = None) -> Callable[[Objective], Objective]:
+    """Decorator: register an objective under ``name``, with its parameters' dataclass ``params``.
+
+    The objective reads its parameters with ``take_params(name, params)`` (the defaults, the checks).
+    """
 
     def deco(fn: Objective) -> Objective:
         OBJECTIVES[name] = fn
+        PARAMS.pop(name, None)
+        if params is not None:
+            params.objective = name
+            PARAMS[name] = params
         return fn
 
     return deco
@@ -67,6 +84,25 @@ def register(name: str) -> Callable[[Objective], Objective]:
 
 def objective_names() -> list[str]:
     return list(OBJECTIVES)
+
+
+def params_class(name: str) -> type[ObjectiveParams] | None:
+    """The parameter dataclass of objective ``name`` (None: an objective registered without one)."""
+    if name not in OBJECTIVES:
+        raise ValueError(f"unknown objective {name!r}; valid: {', '.join(OBJECTIVES)}")
+    return PARAMS.get(name)
+
+
+def default_params(name: str) -> dict[str, Any]:
+    """``{field: default}`` of objective ``name``'s parameters, in declaration order ({} if it has none)."""
+    cls = params_class(name)
+    return {} if cls is None else dataclasses.asdict(cls())
+
+
+def take_params(name: str, params: dict[str, Any]) -> Any:
+    """Pop objective ``name``'s declared parameters from ``params`` into its dataclass (defaults, checks)."""
+    cls = PARAMS[name]
+    return cls(**{f.name: params.pop(f.name) for f in dataclasses.fields(cls) if f.name in params})
 
 
 # --------------------------------------------------------------------------------------------
@@ -156,21 +192,15 @@ def _validate(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, 
     check_finite("old_logp", torch.where(mask.bool(), old_logp, torch.zeros_like(old_logp)))
 
 
-def _eps(
-    params: dict[str, Any], low: float, high: float, logp: Tensor
-) -> tuple[float, float] | tuple[Tensor, Tensor]:
-    """The clip range: two floats, or two (B,) tensors, one ε per row, when either is given as a 1-D tensor.
+def _eps(p: Any, logp: Tensor) -> tuple[float, float] | tuple[Tensor, Tensor]:
+    """The clip range of parameters ``p`` (checked there): two floats, or two (B,) tensors, one ε per row,
+    when either is given as a 1-D tensor.
 
     Per-row ε lets one flat batch hold rows with different clip ranges (the batched toy's per-seed ε);
     the other is then broadcast to (B,). Use ``_col`` to apply them to (B, T) or (B, 1) tensors.
     """
-    e_low, e_high = params.pop("epsilon_low", low), params.pop("epsilon_high", high)
-    if not any(isinstance(e, Tensor) and e.dim() > 0 for e in (e_low, e_high)):
-        e_low, e_high = float(e_low), float(e_high)
-        if not (0.0 <= e_low < 1.0) or e_high < 0.0:
-            raise ValueError(
-                f"clip range needs 0 ≤ epsilon_low < 1 and epsilon_high ≥ 0, got {e_low}, {e_high}"
-            )
+    e_low, e_high = p.epsilon_low, p.epsilon_high
+    if not any(isinstance(e, Tensor) for e in (e_low, e_high)):
         return e_low, e_high
     b = logp.shape[0]
     rows = []
@@ -182,8 +212,6 @@ def _eps(
             )
         rows.append(e.expand(b))
     lo, hi = rows
-    if not (bool(((lo >= 0.0) & (lo < 1.0)).all()) and bool((hi >= 0.0).all())):
-        raise ValueError("clip range needs 0 ≤ epsilon_low < 1 and epsilon_high ≥ 0 in every row")
     return lo, hi
 
 
@@ -264,7 +292,7 @@ def _finish(
 # the objectives
 
 
-@register("grpo")
+@register("grpo", params=GrpoParams)
 def grpo(
     logp: Tensor,
     old_logp: Tensor,
@@ -278,10 +306,10 @@ def grpo(
 ) -> tuple[Tensor, dict[str, float]]:
     """GRPO's token-level clipped surrogate, with clip-higher (DAPO).
 
-    Params: ``epsilon_low`` (0.2), ``epsilon_high`` (0.2; DAPO uses 0.28), ``beta``, ``ref_logp``,
-    ``norm_constant``.
+    Params: ``GrpoParams`` (``epsilon_low`` 0.2, ``epsilon_high`` 0.2; DAPO uses 0.28), ``beta``,
+    ``ref_logp``, ``norm_constant``.
     """
-    e_low, e_high = _eps(params, 0.2, 0.2, logp)
+    e_low, e_high = _eps(take_params("grpo", params), logp)
     e_low, e_high = _col(e_low), _col(e_high)  # per-row ε broadcast over the tokens
     adv = advantages if advantages.dim() == 2 else advantages[:, None]
     log_r = _log_ratio(logp, old_logp, mask)
@@ -303,7 +331,7 @@ def grpo(
     )  # fmt: skip
 
 
-@register("grpo_symclip")
+@register("grpo_symclip", params=GrpoSymclipParams)
 def grpo_symclip(
     logp: Tensor,
     old_logp: Tensor,
@@ -317,11 +345,10 @@ def grpo_symclip(
 ) -> tuple[Tensor, dict[str, float]]:
     """GRPO-fix: symmetric clipping A·clip(r, 0, 1 + ε), the same operator for both signs of A.
 
-    Params: ``epsilon`` (0.2, the usual GRPO clip), ``beta``, ``ref_logp``, ``norm_constant``.
+    Params: ``GrpoSymclipParams`` (``epsilon`` 0.2, the usual GRPO clip), ``beta``, ``ref_logp``,
+    ``norm_constant``.
     """
-    eps = float(params.pop("epsilon", 0.2))
-    if eps < 0:
-        raise ValueError(f"epsilon must be ≥ 0, got {eps}")
+    eps = take_params("grpo_symclip", params).epsilon
     adv = advantages if advantages.dim() == 2 else advantages[:, None]
     log_r = _log_ratio(logp, old_logp, mask)
     ratio = log_r.exp()
@@ -349,17 +376,6 @@ def _sequence_weights(
     return m, log_s.exp(), lambda: _log_ratio(logp.detach(), old_logp, m).exp()
 
 
-#: Valid ``estimator`` values of the sequence-level objectives (``gspo``, ``dfpo``).
-ESTIMATORS = ("paper", "ppo_clip")
-
-
-def _estimator(params: dict[str, Any], default: str) -> str:
-    est = str(params.pop("estimator", default))
-    if est not in ESTIMATORS:
-        raise ValueError(f"unknown estimator {est!r}; valid: {', '.join(ESTIMATORS)}")
-    return est
-
-
 def _score_function_term(weight: Tensor, advantages: Tensor, s: Tensor) -> Tensor:
     """(B,) Â_i·sg(w_i / s_i)·s_i(θ): value Â_i·w_i, gradient Â_i·w_i·∇log s_i (w_i a constant).
 
@@ -371,7 +387,7 @@ def _score_function_term(weight: Tensor, advantages: Tensor, s: Tensor) -> Tenso
     return advantages * (weight.detach() / s.detach()) * s
 
 
-@register("gspo")
+@register("gspo", params=GspoParams)
 def gspo(
     logp: Tensor,
     old_logp: Tensor,
@@ -385,7 +401,7 @@ def gspo(
 ) -> tuple[Tensor, dict[str, float]]:
     """GSPO: one clipped, length-normalised sequence ratio per completion (DFPO eq. 42-44).
 
-    Params: ``epsilon_low`` (3e-4) and ``epsilon_high`` (4e-4), GSPO's defaults; ``length_norm``
+    Params (``GspoParams``): ``epsilon_low`` (3e-4) and ``epsilon_high`` (4e-4), GSPO's defaults; ``length_norm``
     (True: s = exp(mean_t log r), eq. 44; False: s = Π_t r, the plain sequence-coupled weight of
     eq. 11/31 that App. A's closed forms use); ``estimator``; ``beta``, ``ref_logp``, ``norm_constant``.
 
@@ -401,9 +417,9 @@ def gspo(
 
     With (B, T) advantages (``ppo_clip`` only), each token's term is min(s·A_t, clip(s)·A_t).
     """
-    e_low, e_high = _eps(params, 3e-4, 4e-4, logp)
-    length_norm = bool(params.pop("length_norm", True))
-    estimator = _estimator(params, "ppo_clip")
+    p = take_params("gspo", params)
+    e_low, e_high = _eps(p, logp)
+    length_norm, estimator = p.length_norm, p.estimator
     m, s, token_ratio = _sequence_weights(logp, old_logp, mask, length_norm)
     if estimator == "paper":
         if advantages.dim() != 1:
@@ -440,10 +456,10 @@ def dfpo_weights(
     mask: Tensor,
     group: Tensor,
     *,
-    transform: str = "min_replace",
-    epsilon_low: float | Tensor = 3e-4,
-    epsilon_high: float | Tensor = 4e-4,
-    length_norm: bool = True,
+    transform: str = DfpoParams.transform,
+    epsilon_low: float | Tensor = DfpoParams.epsilon_low,
+    epsilon_high: float | Tensor = DfpoParams.epsilon_high,
+    length_norm: bool = DfpoParams.length_norm,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """DFPO's weights of one batch: ``(s, s̄, s̃)``, each (B,), differentiable as far as the math is.
 
@@ -464,7 +480,7 @@ def dfpo_weights(
     return s, s_bar, s_tilde
 
 
-@register("dfpo")
+@register("dfpo", params=DfpoParams)
 def dfpo(
     logp: Tensor,
     old_logp: Tensor,
@@ -478,7 +494,7 @@ def dfpo(
 ) -> tuple[Tensor, dict[str, float]]:
     """DFPO: GSPO's sign-aware post-clip weight s̄ (eq. 47), then a group transform s̃ = T(s̄) (App. B).
 
-    Params: ``transform`` (``min_replace`` default, ``orth_proj``, ``orth_proj_pos``,
+    Params (``DfpoParams``): ``transform`` (``min_replace`` default, ``orth_proj``, ``orth_proj_pos``,
     ``truncate_rebalance``); ``estimator`` (``"paper"``); ``stop_grad`` (True);
     ``epsilon_low``/``epsilon_high`` (GSPO's 3e-4 / 4e-4); ``length_norm`` (True); ``beta``,
     ``ref_logp``, ``norm_constant``.
@@ -512,11 +528,9 @@ def dfpo(
             "group's advantage vector; per-token (B, T) advantages (Advantage Reweighting) work with grpo, "
             "grpo_symclip and gspo"
         )
-    e_low, e_high = _eps(params, 3e-4, 4e-4, logp)
-    length_norm = bool(params.pop("length_norm", True))
-    transform = str(params.pop("transform", "min_replace"))
-    estimator = _estimator(params, "paper")
-    stop_grad = bool(params.pop("stop_grad", True))
+    p = take_params("dfpo", params)
+    e_low, e_high = _eps(p, logp)
+    length_norm, transform, estimator, stop_grad = p.length_norm, p.transform, p.estimator, p.stop_grad
     kw = dict(transform=transform, epsilon_low=e_low, epsilon_high=e_high, length_norm=length_norm)
     if not stop_grad:
         # Table 3 ablation: gradient through T and s̄

@@ -30,8 +30,7 @@ import yaml
 from cancellation.advantages import SCALES
 from cancellation.aggregation import aggregation_names
 from cancellation.batching import SPLIT_MODES
-from cancellation.objectives import ESTIMATORS, objective_names
-from cancellation.transforms import TRANSFORMS
+from cancellation.objectives import objective_names, params_class
 
 from .rewards import (
     HOW_TO_REGISTER,
@@ -57,14 +56,26 @@ RENAMED = {
     "mask_truncated": "`mask_truncated` was replaced by `truncation`: `truncation: mask` (the old "
     "`mask_truncated: true`, now also out of the advantages), `failure_reward` or `keep` (the old false)",
 }
-#: Objective-specific parameters each built-in objective accepts (``beta`` and ``norm_constant`` go to all).
-OBJECTIVE_PARAMS: dict[str, tuple[str, ...]] = {
-    "grpo": ("epsilon_low", "epsilon_high"),
-    "grpo_symclip": ("epsilon",),
-    "gspo": ("epsilon_low", "epsilon_high", "length_norm", "estimator"),
-    "dfpo": ("epsilon_low", "epsilon_high", "length_norm", "transform", "estimator", "stop_grad"),
+#: The ``ObjectiveConfig`` fields that carry an objective's own parameters (each the field of the same name of
+#: the objective's dataclass, ``cancellation.objectives.params_class``), and each one's "not set" value: None,
+#: the objective's default; the two booleans default to the value every objective that takes them defaults to
+#: (``tests/test_objective_params.py``). ``beta`` and ``norm_constant`` go to every objective.
+OBJECTIVE_FIELDS: dict[str, Any] = {
+    "epsilon_low": None,
+    "epsilon_high": None,
+    "epsilon": None,
+    "length_norm": params_class("dfpo").length_norm,  # type: ignore[union-attr]
+    "transform": None,
+    "estimator": None,
+    "stop_grad": params_class("dfpo").stop_grad,  # type: ignore[union-attr]
 }
 _COMMON_PARAMS = ("beta", "norm_constant")
+
+
+def objective_takes(objective: str) -> tuple[str, ...]:
+    """The parameter fields objective ``objective`` takes (its dataclass's fields; () if it has none)."""
+    cls = params_class(objective)
+    return () if cls is None else tuple(f.name for f in dataclasses.fields(cls))
 
 
 @dataclass
@@ -88,7 +99,7 @@ class ObjectiveConfig:
     """Upper clip ε_high (grpo, gspo, dfpo). None: the objective's default (0.2 for grpo, GSPO's 4e-4)."""
     epsilon: float | None = None
     """Symmetric clip ε of grpo_symclip (DFPO App. H eq. 79). None: its default 0.2."""
-    length_norm: bool = True
+    length_norm: bool = OBJECTIVE_FIELDS["length_norm"]
     """gspo/dfpo: length-normalised sequence ratio s = exp(mean_t log r) (GSPO, DFPO eq. 44)."""
     transform: str | None = None
     """dfpo's group transform (``cancellation.TRANSFORMS``: min_replace, orth_proj, orth_proj_pos,
@@ -101,7 +112,7 @@ class ObjectiveConfig:
     surrogate min(s·Â, clip(s)·Â) of eq. 42 (GSPO's own objective; for dfpo a trust-region variant that
     is not in the paper: a clipped sequence gets no gradient). None: the objective's default (gspo:
     ``ppo_clip``, dfpo: ``paper``)."""
-    stop_grad: bool = True
+    stop_grad: bool = OBJECTIVE_FIELDS["stop_grad"]
     """dfpo: treat the transformed weights as constants in backprop (DFPO App. C/D); False is Table 3's
     ablation (differentiates through the transform and s̄; ``estimator`` does not apply then)."""
     beta: float = 0.0
@@ -137,30 +148,19 @@ class ObjectiveConfig:
                 bad(name, f"unknown value; valid: {', '.join(valid)}")
 
         choice("objective", objective_names())
-        if self.epsilon_low is not None and not 0 <= self.epsilon_low < 1:
-            bad("epsilon_low", "must be in [0, 1)")
-        for name in ("epsilon_high", "epsilon"):
-            if getattr(self, name) is not None and getattr(self, name) < 0:
-                bad(name, "must be ≥ 0")
-        if self.transform is not None:
-            choice("transform", list(TRANSFORMS))
-        if self.estimator is not None:
-            choice("estimator", ESTIMATORS)
+        # a parameter set for an objective that does not take it is a mistake, not something to ignore
+        if params_class(self.objective) is not None:
+            takes = objective_takes(self.objective)
+            for name, unset in OBJECTIVE_FIELDS.items():
+                if name not in takes and getattr(self, name) != unset:
+                    bad(name, f"objective {self.objective!r} does not take it (it takes: {', '.join(takes)})")
+            self.objective_param_values()  # the ranges and choices: the objective's dataclass checks them
         if self.aggregation is not None:
             choice("aggregation", aggregation_names())
         if self.beta < 0:
             bad("beta", "must be ≥ 0")
         if self.norm_constant is not None and not self.norm_constant > 0:
             bad("norm_constant", "must be > 0")
-        # a parameter set for an objective that does not take it is a mistake, not something to ignore
-        if self.objective in OBJECTIVE_PARAMS:
-            takes = OBJECTIVE_PARAMS[self.objective]
-            for name, unset in (
-                ("epsilon_low", None), ("epsilon_high", None), ("epsilon", None), ("transform", None),
-                ("estimator", None), ("stop_grad", True), ("length_norm", True),
-            ):  # fmt: skip
-                if name not in takes and getattr(self, name) != unset:
-                    bad(name, f"objective {self.objective!r} does not take it (it takes: {', '.join(takes)})")
         if self.objective == "dfpo" and not self.stop_grad and self.estimator is not None:
             bad(
                 "estimator",
@@ -188,9 +188,19 @@ class ObjectiveConfig:
                 "Lopti make them per token; use them with grpo, grpo_symclip or gspo",
             )
 
+    def objective_param_values(self) -> Any:
+        """The objective's parameters in effect: its dataclass (``cancellation.params``) with the fields set
+        here and its defaults for the others (None for an objective registered without parameters)."""
+        cls = params_class(self.objective)
+        if cls is None:
+            return None
+        return cls(
+            **{n: getattr(self, n) for n in objective_takes(self.objective) if getattr(self, n) is not None}
+        )
+
     def objective_params(self) -> dict[str, Any]:
         """The keyword parameters of ``cancellation.compute_loss`` for this objective (unset ones left out)."""
-        names = OBJECTIVE_PARAMS.get(self.objective, ()) + _COMMON_PARAMS
+        names = objective_takes(self.objective) + _COMMON_PARAMS
         params = {n: getattr(self, n) for n in names if getattr(self, n) is not None}
         if params.get("beta") == 0.0:
             del params["beta"]

@@ -62,11 +62,8 @@ except ImportError as err:  # pragma: no cover - the bench extra installs it
         "scaledrun.trl_plugin needs TRL >= 1.16: pip install -e '.[bench]' (or pip install 'trl>=1.16')"
     ) from err
 
-#: TRL's own (epsilon, epsilon_high) for our grpo and gspo defaults (cancellation/objectives.py: grpo
-#: 0.2/0.2, gspo GSPO's 3e-4/4e-4), and the ``loss_type`` / ``importance_sampling_level`` with which TRL's
-#: own loss computes the same objective (token-mean: bnpo in one micro-batch, dapo under accumulation;
-#: seq-mean-token-mean: grpo).
-DEFAULT_EPS = {"grpo": (0.2, 0.2), "gspo": (3e-4, 4e-4), "dfpo": (3e-4, 4e-4)}
+#: The ``loss_type`` / ``importance_sampling_level`` with which TRL's own loss computes our grpo and gspo
+#: objectives (token-mean: bnpo in one micro-batch, dapo under accumulation; seq-mean-token-mean: grpo).
 TRL_LOSS_TYPE = {"grpo": "bnpo", "gspo": "grpo"}
 
 #: The GRPOConfig settings that change TRL's loss, which this trainer replaces: each must stay at TRL's
@@ -99,14 +96,27 @@ def trl_loss_settings(cfg: ObjectiveConfig) -> dict[str, Any]:
             f"TRL's own loss computes grpo (token-mean) and gspo (seq-mean-token-mean) only, not "
             f"objective={cfg.objective!r} with aggregation={cfg.aggregation!r}"
         )
-    low, high = DEFAULT_EPS[cfg.objective]
+    low, high = resolved_eps(cfg)
     return {
         "loss_type": TRL_LOSS_TYPE[cfg.objective],
         "importance_sampling_level": "sequence" if cfg.objective == "gspo" else "token",
-        "epsilon": low if cfg.epsilon_low is None else cfg.epsilon_low,
-        "epsilon_high": high if cfg.epsilon_high is None else cfg.epsilon_high,
+        "epsilon": low,
+        "epsilon_high": high,
         "scale_rewards": cfg.adv_scale,
     }
+
+
+def resolved_eps(cfg: ObjectiveConfig) -> tuple[float, float]:
+    """The clip range ``cfg``'s objective runs with, as TRL's (epsilon, epsilon_high): the values set, else the
+    defaults of the objective's dataclass (``ObjectiveConfig.objective_param_values``, ``cancellation.params``:
+    grpo 0.2/0.2, gspo and dfpo GSPO's 3e-4/4e-4); grpo_symclip's symmetric ε both ways; TRL's own (0.2, 0.2)
+    for an objective registered without a clip range."""
+    p = cfg.objective_param_values()
+    if hasattr(p, "epsilon"):
+        return p.epsilon, p.epsilon
+    if hasattr(p, "epsilon_low"):
+        return p.epsilon_low, p.epsilon_high
+    return 0.2, 0.2
 
 
 @dataclass
@@ -234,11 +244,7 @@ class CancellationGRPOTrainer(GRPOTrainer):
             )
         cfg: CancellationGRPOConfig = self.args  # type: ignore[assignment]
         # TRL's clip metrics and anything else that reads them: the objective's resolved clip range
-        low, high = DEFAULT_EPS.get(cfg.objective, (0.2, 0.2))
-        if cfg.objective == "grpo_symclip":
-            low = high = 0.2 if cfg.epsilon is None else cfg.epsilon
-        self.epsilon_low = low if cfg.epsilon_low is None else cfg.epsilon_low
-        self.epsilon_high = high if cfg.epsilon_high is None else cfg.epsilon_high
+        self.epsilon_low, self.epsilon_high = resolved_eps(cfg)
         self._generation: dict[str, Any] | None = None
         self._coef: list[Tensor] = []
         self._captured_rewards: Tensor | None = None

@@ -18,6 +18,7 @@ otherwise). Bad option values end in an argparse error naming the option (exit c
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -33,7 +34,7 @@ from rich.table import Table
 
 from cancellation import compute_loss
 from cancellation.batching import SPLIT_MODES
-from cancellation.objectives import ESTIMATORS
+from cancellation.objectives import PARAMS
 
 from .batched import seed_rows, simulate_seeds
 from .compare import compare, format_table
@@ -120,22 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("scenario", choices=[*SCENARIOS, "demo", "list"], help="a scenario, 'demo' or 'list'")
     p.add_argument("--objective", help="grpo, grpo_symclip, gspo or dfpo (required for a scenario run)")
-    p.add_argument("--transform", help="dfpo's group transform (min_replace, orth_proj, orth_proj_pos, ...)")
-    p.add_argument(
-        "--estimator",
-        choices=ESTIMATORS,
-        help="gspo/dfpo: 'paper' (the stop-gradient estimator; dfpo's default, gspo's eq. 86 control) or "
-        "'ppo_clip' (the clipped surrogate; gspo's default)",
-    )
-    p.add_argument(
-        "--length-norm",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="gspo/dfpo: s = geometric mean (default) or product",
-    )
-    p.add_argument("--epsilon-low", type=float, help="clip range below 1 (grpo, gspo, dfpo)")
-    p.add_argument("--epsilon-high", type=float, help="clip range above 1 (grpo, gspo, dfpo)")
-    p.add_argument("--epsilon", type=float, help="grpo_symclip's clip(r, 0, 1 + ε)")
+    _add_objective_options(p)
     p.add_argument(
         "--no-clip", action="store_true", help="disable clipping (grpo/gspo/dfpo: ε_low=0.999999, ε_high=1e9)"
     )
@@ -176,11 +162,36 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def objective_param_fields() -> dict[str, dict[str, dataclasses.Field]]:
+    """Every objective parameter (``cancellation.params``) → {objective: its field}, in declaration order."""
+    out: dict[str, dict[str, dataclasses.Field]] = {}
+    for objective, cls in PARAMS.items():
+        for f in dataclasses.fields(cls):
+            out.setdefault(f.name, {})[objective] = f
+    return out
+
+
+def _add_objective_options(p: argparse.ArgumentParser) -> None:
+    """One option per objective parameter, read from the objectives' dataclasses (``cancellation.params``): its
+    type, valid choices, documentation and each objective's default. Not given: the objective's own default."""
+    for name, by_objective in objective_param_fields().items():
+        first = next(iter(by_objective.values()))
+        defaults = ", ".join(f"{o} {f.default}" for o, f in by_objective.items())
+        kw: dict[str, Any] = {"default": None, "help": f"{first.metadata['doc']} (default: {defaults})"}
+        if isinstance(first.default, bool):
+            kw["action"] = argparse.BooleanOptionalAction
+        elif isinstance(first.default, float):
+            kw["type"] = float
+        elif isinstance(first.metadata.get("choices"), tuple):
+            kw["choices"] = first.metadata["choices"]
+        p.add_argument(f"--{name.replace('_', '-')}", **kw)
+
+
 def _objective_params(args: argparse.Namespace) -> dict[str, Any]:
     params: dict[str, Any] = {}
     if args.no_clip:
         params.update(NO_CLIP)
-    for name in ("transform", "estimator", "length_norm", "epsilon_low", "epsilon_high", "epsilon"):
+    for name in objective_param_fields():
         value = getattr(args, name)
         if value is not None:
             params[name] = value
@@ -234,15 +245,7 @@ def _dump_json(obj: Any) -> None:
 
 
 #: options that choose or tune one objective (they do not apply to --compare's fixed variants)
-OBJECTIVE_OPTIONS = (
-    "objective",
-    "transform",
-    "estimator",
-    "length_norm",
-    "epsilon_low",
-    "epsilon_high",
-    "epsilon",
-)
+OBJECTIVE_OPTIONS = ("objective", *objective_param_fields())
 
 
 def run_compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

@@ -58,7 +58,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from cancellation.objectives import ESTIMATORS, sign_aware_clip
+from cancellation.objectives import ESTIMATORS, default_params, params_class, sign_aware_clip
+from cancellation.params import DfpoParams
 from cancellation.transforms import get_transform
 
 #: The shared-prefix toy's group size and trajectory length (App. A.2: τ1, τ2, three tokens each).
@@ -292,10 +293,10 @@ def dfpo_shared_prefix_coefficient(
     lam2: float,
     advantage: float = 1.0,
     *,
-    length_norm: bool = True,
-    epsilon_low: float = 3e-4,
-    epsilon_high: float = 4e-4,
-    estimator: str = "paper",
+    length_norm: bool = DfpoParams.length_norm,
+    epsilon_low: float = DfpoParams.epsilon_low,  # type: ignore[assignment]
+    epsilon_high: float = DfpoParams.epsilon_high,  # type: ignore[assignment]
+    estimator: str = DfpoParams.estimator,
 ) -> float:
     """DFPO's net coefficient on each shared prefix step: eq. (72) with the transformed weights s̃.
 
@@ -327,19 +328,10 @@ def dfpo_shared_prefix_coefficient(
     return shared_event_coefficient(s_tilde.tolist(), adv.tolist(), [t, t], active, SP_GROUP_SIZE)
 
 
-#: Defaults of each objective's parameters (``cancellation.objectives``), for the closed forms.
+#: Defaults of each objective's parameters, for the closed forms: read from the objective's dataclass
+#: (``cancellation.params``), the defaults its loss uses.
 _DEFAULTS: dict[str, dict[str, Any]] = {
-    "grpo": {"epsilon_low": 0.2, "epsilon_high": 0.2},
-    "grpo_symclip": {"epsilon": 0.2},
-    "gspo": {"epsilon_low": 3e-4, "epsilon_high": 4e-4, "length_norm": True, "estimator": "ppo_clip"},
-    "dfpo": {
-        "epsilon_low": 3e-4,
-        "epsilon_high": 4e-4,
-        "length_norm": True,
-        "transform": "min_replace",
-        "stop_grad": True,
-        "estimator": "paper",
-    },
+    name: default_params(name) for name in ("grpo", "grpo_symclip", "gspo", "dfpo")
 }
 _DEFAULT_AGGREGATION = {
     "grpo": "token-mean",
@@ -366,10 +358,9 @@ def _params(objective: str, params: dict[str, Any]) -> dict[str, Any]:
             f"supported: {', '.join(_DEFAULTS[objective])}"
         )
     out = {**_DEFAULTS[objective], **p}
+    params_class(objective)(**out)  # type: ignore[misc]  # the ranges and choices: the objective's own check
     if objective == "dfpo" and not out["stop_grad"]:
         raise ValueError("the closed form of eq. (72) assumes DFPO's stop-gradient (stop_grad=True)")
-    if "estimator" in out:
-        _check_estimator(out["estimator"])
     return out
 
 
