@@ -64,6 +64,8 @@ import math
 import re
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any
 
@@ -680,121 +682,166 @@ def _model_folder(folder_or_root: str | Path) -> Path:
     )
 
 
-def run_lm_credit(
-    folder_or_root: str | Path = DEFAULT_ROOT,
-    *,
-    quick: bool = False,
-    task: str = "template_decoy",
-    reward: str = "exact_match",
-    num_prompts: int = 2,
-    group_size: int = 8,
-    seed: int = 0,
-    max_new_tokens: int = 40,
-    temperature: float = 1.0,
-    lr: float = DEFAULT_LR,
-    n_tokens: int | None = None,
-    k: int | None = None,
-    max_prob: float = 0.95,
-    n_steps: int | None = None,
-    repeat: str = "recompute",
-    top_fracs: Sequence[float] = TOP_FRACS,
-    budget_group_sizes: Sequence[int] | None = None,
-    budget_num_prompts: Sequence[int] | None = None,
-    budget_seeds: Sequence[int] | None = None,
-    budget_n_tokens: int | None = None,
-    budget_k: int | None = None,
-    top_k: int = 10,
-    chunk_rows: int | None = 1024,
-    progress: Any = None,
-) -> dict[str, Any]:
-    """§4a and §4b on one checkpoint (module docstring); a JSON-serialisable dict (NaN → None).
+@dataclass(frozen=True)
+class CreditSettings:
+    """The settings of one ``run_lm_credit`` run (§4a, §4b, Fig. 6); ``None`` means the default of the mode.
 
-    ``folder_or_root``: a saved model folder (has ``config.json``), else a root whose ``model`` is the
-    power study's template_decoy warm start (``experiments.lm.ensure_model``; built if missing).
-    Defaults (``quick``): ``n_tokens`` 48 (8) sampled tokens, ``k`` 64 (8) continuations per branch,
-    ``n_steps`` 5 (2) repeated steps, Fig. 6 group sizes (4, 8, 16) ((4, 8)) at ``num_prompts`` and prompt
-    counts (1, 2, 4) ((1, 2)) at ``group_size``, budget seeds (``seed``, ``seed`` + 1) ((``seed``,)), 32 (8)
-    tokens and 32 (8) continuations per budget batch.
+    ``resolved()`` fills each ``None`` with its default for ``quick`` (the full run's in brackets in each
+    field's line: quick / full).
     """
-    say = progress or (lambda _m: None)
-    torch.set_num_threads(1)
-    n_tokens = n_tokens if n_tokens is not None else (8 if quick else 48)
-    k = k if k is not None else (8 if quick else 64)
-    n_steps = n_steps if n_steps is not None else (2 if quick else 5)
-    budget_group_sizes = tuple(budget_group_sizes or ((4, 8) if quick else (4, 8, 16)))
-    budget_num_prompts = tuple(budget_num_prompts or ((1, 2) if quick else (1, 2, 4)))
-    budget_seeds = tuple(budget_seeds or ((seed,) if quick else (seed, seed + 1)))
-    budget_n_tokens = budget_n_tokens if budget_n_tokens is not None else (8 if quick else 32)
-    budget_k = budget_k if budget_k is not None else (8 if quick else 32)
-    t_start = time.perf_counter()
-    folder = _model_folder(folder_or_root)
-    model, tokenizer = load_policy(folder)
-    common = dict(
-        task=task,
-        reward=reward,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        lr=lr,
-        max_prob=max_prob,
-        chunk_rows=chunk_rows,
-    )
 
-    say("sampling the batch, §4a filter probe")
-    t0 = time.perf_counter()
+    quick: bool = False
+    """A small smoke run: the ``None`` defaults below take their quick values."""
+    task: str = "template_decoy"
+    """The prompt task (``scaledrun.tasks``) of every batch."""
+    reward: str = "exact_match"
+    """The reward (``scaledrun.rewards``) of the batches and of the Monte Carlo continuations."""
+    num_prompts: int = 2
+    """Prompts (groups) in the §4a/§4b batch."""
+    group_size: int = 8
+    """Completions per prompt in the §4a/§4b batch."""
+    seed: int = 0
+    """The batch's, the token sample's and the continuations' seed."""
+    max_new_tokens: int = 40
+    """The completions' length cap (the batch's and the continuations')."""
+    temperature: float = 1.0
+    """The sampling temperature of the batch and the continuations."""
+    lr: float = DEFAULT_LR
+    """The step size of every plain SGD update."""
+    n_tokens: int | None = None
+    """Tokens sampled for the Monte Carlo values (quick 8 / full 48)."""
+    k: int | None = None
+    """Continuations per branch and token (quick 8 / full 64)."""
+    max_prob: float = 0.95
+    """Only tokens with π(a|s) ≤ ``max_prob`` are sampled (module docstring)."""
+    n_steps: int | None = None
+    """Repeated GRPO steps of Fig. 11 (quick 2 / full 5)."""
+    repeat: str = "recompute"
+    """Fig. 11's repeated steps: ``recompute`` the coefficients each step, or keep them ``fixed``."""
+    top_fracs: Sequence[float] = TOP_FRACS
+    """Fig. 5(b)'s top fractions of the sampled tokens by entropy."""
+    budget_group_sizes: Sequence[int] | None = None
+    """Fig. 6's group sizes at ``num_prompts`` (quick (4, 8) / full (4, 8, 16))."""
+    budget_num_prompts: Sequence[int] | None = None
+    """Fig. 6's prompt counts at ``group_size`` (quick (1, 2) / full (1, 2, 4))."""
+    budget_seeds: Sequence[int] | None = None
+    """Fig. 6's seeds per budget (quick (``seed``,) / full (``seed``, ``seed`` + 1))."""
+    budget_n_tokens: int | None = None
+    """Tokens sampled per Fig. 6 batch (quick 8 / full 32)."""
+    budget_k: int | None = None
+    """Continuations per branch and token in Fig. 6 (quick 8 / full 32)."""
+    top_k: int = 10
+    """The most boosted tokens listed per §4a update."""
+    chunk_rows: int | None = 1024
+    """Continuation rows per generate call (None: all at once)."""
+
+    def resolved(self) -> CreditSettings:
+        """These settings with every ``None`` (and every empty budget list) replaced by its mode's default."""
+        quick, seed = self.quick, self.seed
+        return replace(
+            self,
+            n_tokens=self.n_tokens if self.n_tokens is not None else (8 if quick else 48),
+            k=self.k if self.k is not None else (8 if quick else 64),
+            n_steps=self.n_steps if self.n_steps is not None else (2 if quick else 5),
+            budget_group_sizes=tuple(self.budget_group_sizes or ((4, 8) if quick else (4, 8, 16))),
+            budget_num_prompts=tuple(self.budget_num_prompts or ((1, 2) if quick else (1, 2, 4))),
+            budget_seeds=tuple(self.budget_seeds or ((seed,) if quick else (seed, seed + 1))),
+            budget_n_tokens=self.budget_n_tokens
+            if self.budget_n_tokens is not None
+            else (8 if quick else 32),
+            budget_k=self.budget_k if self.budget_k is not None else (8 if quick else 32),
+        )
+
+    def record(self) -> dict[str, Any]:
+        """The ``settings`` block of the result (of resolved settings)."""
+        return {
+            "task": self.task,
+            "reward": self.reward,
+            "num_prompts": self.num_prompts,
+            "group_size": self.group_size,
+            "seed": self.seed,
+            "max_new_tokens": self.max_new_tokens,
+            "temperature": self.temperature,
+            "lr": self.lr,
+            "n_tokens": self.n_tokens,
+            "k": self.k,
+            "max_prob": self.max_prob,
+            "n_steps": self.n_steps,
+            "repeat": self.repeat,
+            "budget_seeds": list(self.budget_seeds or ()),
+            "budget_n_tokens": self.budget_n_tokens,
+            "budget_k": self.budget_k,
+            "budget_top_frac": BUDGET_TOP_FRAC,
+            "high_entropy_frac": HIGH_ENTROPY_FRAC,
+            "quick": bool(self.quick),
+        }
+
+
+def _filter_stage(
+    model: Any, tokenizer: Any, s: CreditSettings
+) -> tuple[LMBatch, list[str], list[str], dict]:
+    """§4a: sample the batch (checking that ``batch_tasks`` reproduces its prompts and answers) and run the
+    filter probe on it. Returns (batch, prompts, answers, the probe's result)."""
     batch = sample_lm_batch(
         model,
         tokenizer,
-        task=task,
-        reward=reward,
-        num_prompts=num_prompts,
-        group_size=group_size,
-        seed=seed,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
+        task=s.task,
+        reward=s.reward,
+        num_prompts=s.num_prompts,
+        group_size=s.group_size,
+        seed=s.seed,
+        max_new_tokens=s.max_new_tokens,
+        temperature=s.temperature,
     )
-    prompts, answers = batch_tasks(tokenizer, task=task, num_prompts=num_prompts, seed=seed)
+    prompts, answers = batch_tasks(tokenizer, task=s.task, num_prompts=s.num_prompts, seed=s.seed)
     from scaledrun.rewards import compute_rewards
 
     re_rewards, _ = compute_rewards(
-        reward,
+        s.reward,
         [prompts[int(g)] for g in batch.group],
         batch.completions,
         [answers[int(g)] for g in batch.group],
     )
     if re_rewards != batch.rewards.tolist():
         raise RuntimeError("batch_tasks does not reproduce the batch's prompts/answers (rewards differ)")
-    filt = filter_probe(batch, lr=lr, top_k=top_k)
-    t_filter = time.perf_counter() - t0
+    return batch, prompts, answers, filter_probe(batch, lr=s.lr, top_k=s.top_k)
 
-    say(f"§4b: Monte Carlo values of {n_tokens} tokens × 2 branches × {k} continuations")
-    t0 = time.perf_counter()
-    deltas = repeated_deltas(batch, lr=lr, n_steps=n_steps, repeat=repeat)
+
+def _value_stage(batch: LMBatch, prompts: list[str], answers: list[str], s: CreditSettings) -> dict[str, Any]:
+    """§4b on the §4a batch: the repeated GRPO steps, the token sample, its Monte Carlo values, and the gaps
+    of Fig. 5(a) (with the no-coupling control), Fig. 5(b) and Fig. 11. Returns the result's ``values``,
+    ``fig5a``, ``fig5b`` and ``fig11`` blocks."""
+    deltas = repeated_deltas(batch, lr=s.lr, n_steps=s.n_steps, repeat=s.repeat)
     delta1 = deltas[0]
     idx = select_tokens(
-        delta1, batch.probs_taken, n_tokens, max_prob=max_prob, seed=seed, distinct=distinct_states(batch)
+        delta1,
+        batch.probs_taken,
+        s.n_tokens,
+        max_prob=s.max_prob,
+        seed=s.seed,
+        distinct=distinct_states(batch),
     )
     mc = mc_token_values(
         batch,
         idx,
         prompts,
         answers,
-        reward=reward,
-        k=k,
-        seed=seed,
-        max_new_tokens=max_new_tokens,
-        chunk_rows=chunk_rows,
+        reward=s.reward,
+        k=s.k,
+        seed=s.seed,
+        max_new_tokens=s.max_new_tokens,
+        chunk_rows=s.chunk_rows,
     )
     pi_check = float((state_probs(batch, idx) - batch.probs_taken[idx]).abs().max()) if idx.numel() else 0.0
-    t_mc = time.perf_counter() - t0
     values, ent, d1, adv = mc["value"], batch.entropy[idx].detach(), delta1[idx], batch.adv_tok[idx]
     strings = token_strings(batch)
-    pool = (batch.probs_taken <= max_prob) & (1.0 - batch.probs_taken > 1e-6) & distinct_states(batch)
+    pool = (batch.probs_taken <= s.max_prob) & (1.0 - batch.probs_taken > 1e-6) & distinct_states(batch)
     subsets = {"all": torch.ones_like(adv, dtype=torch.bool), "positive": adv > 0, "negative": adv < 0}
     fig5a = {name: gap_interval(values[m], d1[m]) for name, m in subsets.items()}
     # the no-coupling control on the same tokens: each moved by its own term lr·c_j·K_jj alone (K_jj > 0),
     # i.e. boosted = the tokens of positive rollouts (c_j = 0 tokens, of all-equal groups, in neither set)
     fig5a["all, self-only control"] = gap_interval(values, batch.coef[idx])
-    fig5b = [{"top_frac": float(f), **gap_interval(values, d1, ent, float(f))} for f in top_fracs]
+    fig5b = [{"top_frac": float(f), **gap_interval(values, d1, ent, float(f))} for f in s.top_fracs]
     fig11 = [{"step": n + 1, **gap_interval(values, d[idx])} for n, d in enumerate(deltas)]
     tokens = [
         {
@@ -812,28 +859,51 @@ def run_lm_credit(
         }
         for i, j in enumerate(idx.tolist())
     ]
+    return {
+        "values": {
+            "pool": int(pool.sum()),
+            "pool_boosted": int((pool & (delta1 > 0)).sum()),
+            "pool_suppressed": int((pool & (delta1 < 0)).sum()),
+            "n_sampled": int(idx.numel()),
+            "pi_check_max_abs": pi_check,
+            "mean_value_se": float(mc["value_se"].nanmean()) if idx.numel() else math.nan,
+            "tokens": tokens,
+        },
+        "fig5a": fig5a,
+        "fig5b": fig5b,
+        "fig11": fig11,
+    }
 
-    say("Fig. 6: the sampling budget")
-    t0 = time.perf_counter()
-    configs = [("group_size", g, num_prompts) for g in budget_group_sizes]
-    configs += [("num_prompts", group_size, m) for m in budget_num_prompts]
+
+def _budget_stage(model: Any, tokenizer: Any, s: CreditSettings, say: Any) -> list[dict[str, Any]]:
+    """Fig. 6: the one-step gap per sampling budget (group sizes at ``num_prompts``, then prompt counts at
+    ``group_size``), a fresh batch and fresh values per (budget, seed); a budget on both axes runs once."""
+    configs = [("group_size", g, s.num_prompts) for g in s.budget_group_sizes or ()]
+    configs += [("num_prompts", s.group_size, m) for m in s.budget_num_prompts or ()]
+    budget_seeds = tuple(s.budget_seeds or ())
     cache: dict[tuple[int, int, int], tuple[Tensor, Tensor, Tensor, dict[str, Any]]] = {}
     fig6 = []
     for axis, gs, npr in configs:
         vals, dels, ents, infos = [], [], [], []
-        for s in budget_seeds:
-            key = (gs, npr, int(s))
+        for seed in budget_seeds:
+            key = (gs, npr, int(seed))
             if key not in cache:
-                say(f"  budget {npr} prompts × {gs} completions, seed {s}")
+                say(f"  budget {npr} prompts × {gs} completions, seed {seed}")
                 b, dl, ix, m, info = _value_block(
                     model,
                     tokenizer,
+                    task=s.task,
+                    reward=s.reward,
                     num_prompts=npr,
                     group_size=gs,
-                    seed=int(s),
-                    n_tokens=budget_n_tokens,
-                    k=budget_k,
-                    **common,
+                    seed=int(seed),
+                    max_new_tokens=s.max_new_tokens,
+                    temperature=s.temperature,
+                    lr=s.lr,
+                    n_tokens=s.budget_n_tokens,
+                    k=s.budget_k,
+                    max_prob=s.max_prob,
+                    chunk_rows=s.chunk_rows,
                 )
                 cache[key] = (m["value"], dl[ix], b.entropy[ix].detach(), info)
             v, dl, e, info = cache[key]
@@ -856,31 +926,62 @@ def run_lm_credit(
                 "gap_top": gap_interval(v, dl, e, BUDGET_TOP_FRAC),
             }
         )
+    return fig6
+
+
+def run_lm_credit(
+    folder_or_root: str | Path = DEFAULT_ROOT,
+    settings: CreditSettings | None = None,
+    *,
+    progress: Any = None,
+    **fields: Any,
+) -> dict[str, Any]:
+    """§4a and §4b on one checkpoint (module docstring); a JSON-serialisable dict (NaN → None).
+
+    ``folder_or_root``: a saved model folder (has ``config.json``), else a root whose ``model`` is the
+    power study's template_decoy warm start (``experiments.lm.ensure_model``; built if missing).
+    ``settings``: a ``CreditSettings`` (its defaults when None); keyword ``fields`` override its fields by
+    name (``run_lm_credit(folder, quick=True, k=4)``). ``progress``: called with a line per stage.
+    Defaults (``quick``): ``n_tokens`` 48 (8) sampled tokens, ``k`` 64 (8) continuations per branch,
+    ``n_steps`` 5 (2) repeated steps, Fig. 6 group sizes (4, 8, 16) ((4, 8)) at ``num_prompts`` and prompt
+    counts (1, 2, 4) ((1, 2)) at ``group_size``, budget seeds (``seed``, ``seed`` + 1) ((``seed``,)), 32 (8)
+    tokens and 32 (8) continuations per budget batch.
+
+    The stages: ``_filter_stage`` (§4a), ``_value_stage`` (§4b: Fig. 5(a), 5(b), 11), ``_budget_stage``
+    (Fig. 6).
+    """
+    settings = settings if settings is not None else CreditSettings()
+    unknown = sorted(set(fields) - {f.name for f in dataclass_fields(CreditSettings)})
+    if unknown:
+        raise TypeError(
+            f"run_lm_credit got unknown setting(s) {', '.join(unknown)}; valid: "
+            f"{', '.join(f.name for f in dataclass_fields(CreditSettings))}"
+        )
+    s = replace(settings, **fields).resolved()
+    say = progress or (lambda _m: None)
+    torch.set_num_threads(1)
+    t_start = time.perf_counter()
+    folder = _model_folder(folder_or_root)
+    model, tokenizer = load_policy(folder)
+
+    say("sampling the batch, §4a filter probe")
+    t0 = time.perf_counter()
+    batch, prompts, answers, filt = _filter_stage(model, tokenizer, s)
+    t_filter = time.perf_counter() - t0
+
+    say(f"§4b: Monte Carlo values of {s.n_tokens} tokens × 2 branches × {s.k} continuations")
+    t0 = time.perf_counter()
+    values = _value_stage(batch, prompts, answers, s)
+    t_mc = time.perf_counter() - t0
+
+    say("Fig. 6: the sampling budget")
+    t0 = time.perf_counter()
+    fig6 = _budget_stage(model, tokenizer, s, say)
     t_budget = time.perf_counter() - t0
 
     result = {
         "model": str(folder),
-        "settings": {
-            "task": task,
-            "reward": reward,
-            "num_prompts": num_prompts,
-            "group_size": group_size,
-            "seed": seed,
-            "max_new_tokens": max_new_tokens,
-            "temperature": temperature,
-            "lr": lr,
-            "n_tokens": n_tokens,
-            "k": k,
-            "max_prob": max_prob,
-            "n_steps": n_steps,
-            "repeat": repeat,
-            "budget_seeds": list(budget_seeds),
-            "budget_n_tokens": budget_n_tokens,
-            "budget_k": budget_k,
-            "budget_top_frac": BUDGET_TOP_FRAC,
-            "high_entropy_frac": HIGH_ENTROPY_FRAC,
-            "quick": bool(quick),
-        },
+        "settings": s.record(),
         "batch": {
             "n_tokens": batch.n_tokens,
             "rewards": batch.rewards.tolist(),
@@ -888,18 +989,7 @@ def run_lm_credit(
             "pass_rate": float(batch.rewards.mean()),
         },
         "filter": {k_: v for k_, v in filt.items() if k_ != "delta"},
-        "values": {
-            "pool": int(pool.sum()),
-            "pool_boosted": int((pool & (delta1 > 0)).sum()),
-            "pool_suppressed": int((pool & (delta1 < 0)).sum()),
-            "n_sampled": int(idx.numel()),
-            "pi_check_max_abs": pi_check,
-            "mean_value_se": float(mc["value_se"].nanmean()) if idx.numel() else math.nan,
-            "tokens": tokens,
-        },
-        "fig5a": fig5a,
-        "fig5b": fig5b,
-        "fig11": fig11,
+        **values,
         "fig6": fig6,
         "seconds": {
             "filter": t_filter,
@@ -1268,6 +1358,7 @@ __all__ = [
     "DEFAULT_LR",
     "FILTER_UPDATES",
     "TOKEN_CLASSES",
+    "CreditSettings",
     "base_logp",
     "batch_tasks",
     "class_stats",
