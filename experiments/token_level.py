@@ -11,7 +11,7 @@ section of ``experiments/REPORT.md``:
 - ``lm_table1``: Table 1, the tied vs untied LM head and the proxy on the tiny Qwen3
   (``instruments.coupling_lm``);
 - ``lm_credit``: cancellation as filter (positive-only / negative-only / GRPO from one checkpoint) and the
-  Monte Carlo counterfactual value on the tiny Qwen3 (``experiments.lm_credit``).
+  Monte Carlo counterfactual value on the tiny Qwen3 (``instruments.lm_credit``).
 
 ``python -m experiments --only coupling`` runs them (about 5 min on a 2-core CPU, plus 2 min to build the
 tiny model the first time; ``--quick`` a smaller slice) and saves ``<results>/token_level/token_level.json``; the report renders whatever is saved there
@@ -164,7 +164,7 @@ def run_token_level(
                 )
                 result[part] = lm_table1(model_dir, **quick_kw)
             else:
-                from .lm_credit import run_lm_credit
+                from instruments.lm_credit import run_lm_credit
 
                 result[part] = run_lm_credit(model_dir, quick=quick)
         result["seconds"][part] = time.perf_counter() - t0
@@ -236,7 +236,7 @@ def markdown(result: Mapping[str, Any]) -> str:
 
         parts.append(_demote(markdown_lm_table1(result["lm_table1"])) + "\n")
     if "lm_credit" in result:
-        from .lm_credit import markdown_lm_credit
+        from instruments.lm_credit import markdown_lm_credit
 
         parts.append(_demote(markdown_lm_credit(result["lm_credit"])) + "\n")
     cmds = sorted({COMMANDS[p] for p in PARTS if p in result})

@@ -5,7 +5,10 @@ tutorials and the report's token-level section.
   (Fig. 5, 6, 11) on the small neural policy ``toymodel.neural.NeuralPolicy``;
 - ``instruments.coupling_lm``: the same Table 1 on a causal LM's batch (the tiny Qwen3 or any saved model
   folder), under the full, tied-head and untied-head updates.
+- ``instruments.lm_credit``: cancellation as hidden credit assignment on a causal LM (the filter probes of
+  App. E.1 and the Monte Carlo token values of App. E.2, Fig. 5, 6, 11).
 
 They measure one batch at a time and take a model folder; ``experiments`` runs them at the report's
-settings (``experiments.token_level``) and builds the default model (``experiments.coupling_lm``).
+settings (``experiments.token_level``) and builds the default model (``experiments.coupling_lm``,
+``experiments.lm_credit``).
 """

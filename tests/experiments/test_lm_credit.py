@@ -1,4 +1,4 @@
-"""``experiments.lm_credit``: the filter probes and the Monte Carlo token values on a tiny template_decoy model.
+"""``instruments.lm_credit``: the filter probes and the Monte Carlo token values on a tiny template_decoy model.
 
 Every assertion holds for any correct run whatever tokens the model samples: exact identities (the three
 updates' coefficients), a hand-written SGD step against the library's, hand-made token tensors, a reward
@@ -18,7 +18,8 @@ import torch
 
 from cancellation.coupling import counterfactual_value
 from cancellation.diagnostics import prefix_event_keys
-from experiments.lm_credit import (
+from instruments.coupling_lm import load_policy, sample_lm_batch
+from instruments.lm_credit import (
     FILTER_UPDATES,
     TOKEN_CLASSES,
     batch_tasks,
@@ -37,7 +38,6 @@ from experiments.lm_credit import (
     state_probs,
     token_classes,
 )
-from instruments.coupling_lm import load_policy, sample_lm_batch
 from scaledrun.backends import Sampling, stop_token_ids
 from scaledrun.rewards import REWARDS, register_reward
 from scaledrun.rollout import first_eos_mask

@@ -1,4 +1,4 @@
-"""``experiments.lm_credit.CreditSettings``: the settings of ``run_lm_credit``, their mode defaults and the
+"""``instruments.lm_credit.CreditSettings``: the settings of ``run_lm_credit``, their mode defaults and the
 keyword API built on them (no model needed: the settings are checked before any model is loaded)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from experiments.lm_credit import CreditSettings, run_lm_credit
+from instruments.lm_credit import CreditSettings, run_lm_credit
 
 #: ``run_lm_credit``'s keyword settings before it took a ``CreditSettings`` (issue 32): each is still a
 #: keyword of ``run_lm_credit`` (``experiments.token_level`` and the tests call it that way).
