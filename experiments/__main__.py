@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report_only:
         out.mkdir(parents=True, exist_ok=True)
         if args.only in (None, "toy"):
-            from .toy import run_toy
+            from .toy_studies import run_toy
 
             print(f"== toy studies ({'quick' if args.quick else 'full'}) -> {out}", flush=True)
             run_toy(out, quick=args.quick)  # saves each study's blocks as it finishes them

@@ -28,6 +28,9 @@ Two settings per arm are then chosen by rules fixed here, before any confirmatio
 Confirmation block (seeds from ``CONFIRM_FIRST_SEED``): every chosen setting runs once on fresh seeds,
 and the predictions (``PREDICTIONS``) are decided there. The discovery ``StudyResult`` carries the grid
 (``StudyResult.grid``) and the chosen settings evaluated on the discovery seeds.
+
+It imports ``experiments.toy`` (the arms, their runs and measures) and is imported by
+``experiments.toy_studies`` (whose ``run_toy`` runs it with the other toy studies).
 """
 
 from __future__ import annotations
@@ -42,18 +45,8 @@ import torch
 
 from toymodel import get_scenario
 
-from .study import (
-    CONFIRM_FIRST_SEED,
-    REVIEW,
-    SRC_ENTROPY,
-    SRC_SPEED,
-    SRC_SYMCLIP_SLOWER,
-    SRC_TAX,
-    Measure,
-    Prediction,
-    StudyResult,
-    sig,
-)
+from .claims import predict
+from .study import CONFIRM_FIRST_SEED, Measure, StudyResult, sig
 from .toy import (
     NO_LOW_CLIP,
     TEMPLATE,
@@ -95,32 +88,29 @@ SEEDS = {"full": (256, 1024), "quick": (8, 8)}
 QUICK_LRS = (0.25, 1.0)
 QUICK_EPOCHS = (1, 4)
 
-_T2, _TAX, _ENT = SRC_SPEED, SRC_TAX, SRC_ENTROPY
-_p = Prediction
 PREDICTIONS = (
-    _p("At each arm's best step size, DFPO reaches E[R] ≥ 0.9 in fewer steps than GSPO", _T2,
-       "steps_to_threshold", "dfpo_min_replace@best", "gspo@best", "lower"),
-    _p("At each arm's best step size, DFPO reaches E[R] ≥ 0.9 in fewer steps than the eq. 86 control",
-       f"{_T2}; {REVIEW}", "steps_to_threshold", "dfpo_min_replace@best", "gspo_eq86@best", "lower"),
-    _p("At each arm's best step size, DFPO reaches E[R] ≥ 0.9 in fewer steps than GRPO", _T2,
-       "steps_to_threshold", "dfpo_min_replace@best", "grpo@best", "lower"),
-    _p("At each arm's best step size, GRPO-fix is slower than GRPO (symmetric clipping is more conservative)",
-       SRC_SYMCLIP_SLOWER, "steps_to_threshold", "grpo_symclip@best", "grpo@best", "higher"),
-    _p("At equal speed, DFPO pays less learning tax (template KL at matched reward) than GSPO", _TAX,
-       "template_kl_at_threshold", "dfpo_min_replace@tax", "gspo@tax", "lower"),
-    _p("At equal speed, DFPO pays less learning tax than the eq. 86 control", f"{_TAX}; {REVIEW}",
-       "template_kl_at_threshold", "dfpo_min_replace@tax", "gspo_eq86@tax", "lower"),
-    _p("At equal speed, DFPO keeps a higher equivalent-set entropy than the eq. 86 control", f"{_ENT}; {REVIEW}",
-       "equiv_entropy_at_threshold", "dfpo_min_replace@tax", "gspo_eq86@tax", "higher"),
-    _p("At equal speed, DFPO keeps a higher equivalent-set entropy than GSPO", _ENT,
-       "equiv_entropy_at_threshold", "dfpo_min_replace@tax", "gspo@tax", "higher"),
-    _p("At equal speed of about 20 steps, DFPO pays less learning tax than GSPO", _TAX,
-       "template_kl_at_threshold", "dfpo_min_replace@tax20", "gspo@tax20", "lower"),
-    _p("At equal speed of about 20 steps, DFPO pays less learning tax than the eq. 86 control", f"{_TAX}; {REVIEW}",
-       "template_kl_at_threshold", "dfpo_min_replace@tax20", "gspo_eq86@tax20", "lower"),
-    _p("At equal speed of about 20 steps, DFPO keeps a higher equivalent-set entropy than the eq. 86 control",
-       f"{_ENT}; {REVIEW}", "equiv_entropy_at_threshold", "dfpo_min_replace@tax20", "gspo_eq86@tax20",
-       "higher"),
+    predict("best_faster_than_gspo", measure="steps_to_threshold", arm="dfpo_min_replace@best",
+            baseline="gspo@best", direction="lower"),
+    predict("best_faster_than_control", measure="steps_to_threshold", arm="dfpo_min_replace@best",
+            baseline="gspo_eq86@best", direction="lower"),
+    predict("best_faster_than_grpo", measure="steps_to_threshold", arm="dfpo_min_replace@best",
+            baseline="grpo@best", direction="lower"),
+    predict("best_grpo_fix_slower", measure="steps_to_threshold", arm="grpo_symclip@best", baseline="grpo@best",
+            direction="higher"),
+    predict("equal_speed_tax_vs_gspo", measure="template_kl_at_threshold", arm="dfpo_min_replace@tax",
+            baseline="gspo@tax", direction="lower"),
+    predict("equal_speed_tax_vs_control", measure="template_kl_at_threshold", arm="dfpo_min_replace@tax",
+            baseline="gspo_eq86@tax", direction="lower"),
+    predict("equal_speed_entropy_vs_control", measure="equiv_entropy_at_threshold", arm="dfpo_min_replace@tax",
+            baseline="gspo_eq86@tax", direction="higher"),
+    predict("equal_speed_entropy_vs_gspo", measure="equiv_entropy_at_threshold", arm="dfpo_min_replace@tax",
+            baseline="gspo@tax", direction="higher"),
+    predict("speed20_tax_vs_gspo", measure="template_kl_at_threshold", arm="dfpo_min_replace@tax20",
+            baseline="gspo@tax20", direction="lower"),
+    predict("speed20_tax_vs_control", measure="template_kl_at_threshold", arm="dfpo_min_replace@tax20",
+            baseline="gspo_eq86@tax20", direction="lower"),
+    predict("speed20_entropy_vs_control", measure="equiv_entropy_at_threshold", arm="dfpo_min_replace@tax20",
+            baseline="gspo_eq86@tax20", direction="higher"),
 )  # fmt: skip
 MEASURES = ("steps_to_threshold", "template_kl_at_threshold", "equiv_entropy_at_threshold", "final_reward")
 

@@ -88,23 +88,8 @@ import yaml
 from cancellation.diagnostics import jitter2, trailing_mean
 from scaledrun import tiny as _tiny
 
-from .study import (
-    CANCEL,
-    CURVE_POINTS,
-    DFPO,
-    REVIEW,
-    SRC_ACCURACY,
-    SRC_CANCEL,
-    SRC_CONTROL,
-    SRC_ENERGY,
-    SRC_ENTROPY,
-    SRC_JITTER,
-    SRC_SPEED,
-    Measure,
-    Prediction,
-    StudyResult,
-    sig,
-)
+from .claims import predict
+from .study import CURVE_POINTS, Measure, Prediction, StudyResult, sig
 
 REPO = Path(__file__).resolve().parents[1]
 #: The sweep's base config (every run: this file, then the arm's overrides, then the sweep's own).
@@ -576,74 +561,63 @@ def run_curves(
 # --------------------------------------------------------------------------------------------------
 # predictions
 
-_T2 = SRC_SPEED
-_JIT = SRC_JITTER
-_ACC = SRC_ACCURACY
-_ENT = SRC_ENTROPY
-_CTRL = SRC_CONTROL
-_CAN = SRC_CANCEL
-
-
-_p = Prediction  # (claim, source, measure, arm, baseline, direction), positionally
-
+# bound from experiments.claims' table; a claim the toy studies share is filled in with the language
+# model's words (its threshold, outcome and entropy)
 
 MAIN_PREDICTIONS = (
-    _p("DFPO Min-Replace reaches the reward threshold in fewer steps than GSPO", _T2, "steps_to_threshold",
-       "dfpo_min_replace", "gspo", "lower"),
-    _p("DFPO Orth-Proj reaches the reward threshold in fewer steps than GSPO", _T2, "steps_to_threshold",
-       "dfpo_orth_proj_pos", "gspo", "lower"),
-    _p("DFPO Min-Replace reaches the threshold in fewer steps than the eq. 86 control (credit to the transform)",
-       _CTRL, "steps_to_threshold", "dfpo_min_replace", "gspo_eq86", "lower"),
-    _p("DFPO Orth-Proj reaches the threshold in fewer steps than the eq. 86 control (credit to the transform)",
-       _CTRL, "steps_to_threshold", "dfpo_orth_proj_pos", "gspo_eq86", "lower"),
-    _p("DFPO's sampled-reward curve has lower Jitter₂ than GSPO's", _JIT, "jitter2_reward", "dfpo_min_replace",
-       "gspo", "lower"),
-    _p("DFPO's eval-accuracy curve has lower Jitter₂ than GSPO's", _JIT, "jitter2_eval_accuracy",
-       "dfpo_min_replace", "gspo", "lower"),
-    _p("DFPO ends with a higher greedy accuracy than GSPO", _ACC, "final_greedy_accuracy", "dfpo_min_replace",
-       "gspo", "higher"),
-    _p("DFPO ends with a higher avg@k than GSPO", _ACC, "final_avg_at_k", "dfpo_min_replace", "gspo", "higher"),
-    _p("DFPO ends with a higher greedy accuracy than the eq. 86 control", _CTRL, "final_greedy_accuracy",
-       "dfpo_min_replace", "gspo_eq86", "higher"),
-    _p("DFPO keeps a higher form entropy than GSPO at the end (less equivalent-solution collapse)", _ENT,
-       "form_entropy_final", "dfpo_min_replace", "gspo", "higher"),
-    _p("DFPO keeps a higher form entropy than GSPO at matched reward", _ENT, "form_entropy_at_threshold",
-       "dfpo_min_replace", "gspo", "higher"),
-    _p("DFPO keeps a higher form entropy than the eq. 86 control at the end", f"{_ENT}; {REVIEW}",
-       "form_entropy_final", "dfpo_min_replace", "gspo_eq86", "higher"),
-    _p("GRPO-fix leaves a lower group-shared residual than GRPO", f"{DFPO}, App. F eq. 75-76; App. H eq. 79-82",
-       "group_shared_residual", "grpo_symclip", "grpo", "lower"),
-    _p("DFPO Min-Replace's sequence-net residual is lower than GSPO's", _CAN, "sequence_net_residual",
-       "dfpo_min_replace", "gspo", "lower"),
-    _p("DFPO Orth-Proj's sequence-net residual is lower than GSPO's", _CAN, "sequence_net_residual",
-       "dfpo_orth_proj_pos", "gspo", "lower"),
-    _p("DFPO's transform lowers Asym relative to GSPO", f"{DFPO}, Sec. 6.1 (eq. 23)", "asym", "dfpo_min_replace",
-       "gspo", "lower"),
-    _p("DFPO ends with a higher avg@k than the eq. 86 control", _CTRL, "final_avg_at_k", "dfpo_min_replace",
-       "gspo_eq86", "higher"),
-    _p("DFPO ends with a higher sampled reward than the eq. 86 control", _CTRL, "final_reward",
-       "dfpo_min_replace", "gspo_eq86", "higher"),
-    _p("DFPO keeps a higher form entropy than the eq. 86 control at matched reward", f"{_ENT}; {REVIEW}",
-       "form_entropy_at_threshold", "dfpo_min_replace", "gspo_eq86", "higher"),
-    _p("DFPO leaves a lower group-shared residual than the eq. 86 control", _CAN, "group_shared_residual",
-       "dfpo_min_replace", "gspo_eq86", "lower"),
-    _p("DFPO puts a smaller share of gradient energy on the most frequent tokens than GSPO", SRC_ENERGY,
-       "energy_frequent", "dfpo_min_replace", "gspo", "lower"),
-    _p("DFPO puts a smaller share of gradient energy on the most frequent tokens than the eq. 86 control",
-       SRC_ENERGY, "energy_frequent", "dfpo_min_replace", "gspo_eq86", "lower"),
+    predict("faster_than_gspo", variant="Min-Replace", threshold="the reward threshold",
+            measure="steps_to_threshold", arm="dfpo_min_replace", baseline="gspo", direction="lower"),
+    predict("faster_than_gspo", variant="Orth-Proj", threshold="the reward threshold",
+            measure="steps_to_threshold", arm="dfpo_orth_proj_pos", baseline="gspo", direction="lower"),
+    predict("faster_than_control", variant="Min-Replace", threshold="the threshold",
+            measure="steps_to_threshold", arm="dfpo_min_replace", baseline="gspo_eq86", direction="lower"),
+    predict("faster_than_control", variant="Orth-Proj", threshold="the threshold", measure="steps_to_threshold",
+            arm="dfpo_orth_proj_pos", baseline="gspo_eq86", direction="lower"),
+    predict("smoother_lm", curve="sampled-reward", measure="jitter2_reward", arm="dfpo_min_replace",
+            baseline="gspo", direction="lower"),
+    predict("smoother_lm", curve="eval-accuracy", measure="jitter2_eval_accuracy", arm="dfpo_min_replace",
+            baseline="gspo", direction="lower"),
+    predict("ends_higher_than_gspo", outcome="greedy accuracy", measure="final_greedy_accuracy",
+            arm="dfpo_min_replace", baseline="gspo", direction="higher"),
+    predict("ends_higher_than_gspo", outcome="avg@k", measure="final_avg_at_k", arm="dfpo_min_replace",
+            baseline="gspo", direction="higher"),
+    predict("ends_higher_than_control", outcome="greedy accuracy", measure="final_greedy_accuracy",
+            arm="dfpo_min_replace", baseline="gspo_eq86", direction="higher"),
+    predict("final_entropy_vs_gspo", measure="form_entropy_final", arm="dfpo_min_replace", baseline="gspo",
+            direction="higher"),
+    predict("entropy_vs_gspo", entropy="form entropy", measure="form_entropy_at_threshold",
+            arm="dfpo_min_replace", baseline="gspo", direction="higher"),
+    predict("final_entropy_vs_control", measure="form_entropy_final", arm="dfpo_min_replace",
+            baseline="gspo_eq86", direction="higher"),
+    predict("grpo_fix_group_shared", measure="group_shared_residual", arm="grpo_symclip", baseline="grpo",
+            direction="lower"),
+    predict("sequence_net_vs_gspo", variant="Min-Replace", measure="sequence_net_residual",
+            arm="dfpo_min_replace", baseline="gspo", direction="lower"),
+    predict("sequence_net_vs_gspo", variant="Orth-Proj", measure="sequence_net_residual",
+            arm="dfpo_orth_proj_pos", baseline="gspo", direction="lower"),
+    predict("asym_vs_gspo", measure="asym", arm="dfpo_min_replace", baseline="gspo", direction="lower"),
+    predict("ends_higher_than_control", outcome="avg@k", measure="final_avg_at_k", arm="dfpo_min_replace",
+            baseline="gspo_eq86", direction="higher"),
+    predict("ends_higher_than_control", outcome="sampled reward", measure="final_reward", arm="dfpo_min_replace",
+            baseline="gspo_eq86", direction="higher"),
+    predict("entropy_vs_control", entropy="form entropy", measure="form_entropy_at_threshold",
+            arm="dfpo_min_replace", baseline="gspo_eq86", direction="higher"),
+    predict("group_shared_vs_control", measure="group_shared_residual", arm="dfpo_min_replace",
+            baseline="gspo_eq86", direction="lower"),
+    predict("energy_vs_gspo", measure="energy_frequent", arm="dfpo_min_replace", baseline="gspo",
+            direction="lower"),
+    predict("energy_vs_control", measure="energy_frequent", arm="dfpo_min_replace", baseline="gspo_eq86",
+            direction="lower"),
 )  # fmt: skip
 ABLATION_PREDICTIONS = (
-    _p("DFPO with the paper's estimator reaches the threshold sooner than its ppo_clip variant (clipped "
-       "sequences keep their gradient)", f"{DFPO}, App. K eq. 68, 85-86", "steps_to_threshold",
-       "dfpo_min_replace", "dfpo_ppo_clip", "lower"),
-    _p("The ppo_clip variant leaves a larger sequence-net residual (clipped sequences drop out of the "
-       "cancellation)", f"{DFPO}, App. K eq. 68", "sequence_net_residual", "dfpo_ppo_clip", "dfpo_min_replace",
-       "higher"),
-    _p("Query-preserved mini-batches leave a lower group-shared residual than random ones",
-       f"{CANCEL}, Sec. 4 (query-preserved batching)", "group_shared_residual", "dfpo_min_replace",
-       "dfpo_random_batching", "lower"),
-    _p("Query-preserved mini-batches reach the threshold sooner than random ones", f"{CANCEL}, Sec. 4",
-       "steps_to_threshold", "dfpo_min_replace", "dfpo_random_batching", "lower"),
+    predict("faster_than_ppo_clip", measure="steps_to_threshold", arm="dfpo_min_replace",
+            baseline="dfpo_ppo_clip", direction="lower"),
+    predict("ppo_clip_sequence_net", measure="sequence_net_residual", arm="dfpo_ppo_clip",
+            baseline="dfpo_min_replace", direction="higher"),
+    predict("lm_query_group_shared", measure="group_shared_residual", arm="dfpo_min_replace",
+            baseline="dfpo_random_batching", direction="lower"),
+    predict("lm_query_faster", measure="steps_to_threshold", arm="dfpo_min_replace",
+            baseline="dfpo_random_batching", direction="lower"),
 )  # fmt: skip
 
 LIMITS = (

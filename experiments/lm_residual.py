@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .claims import predict
 from .lm import (
     DEFAULT_JOBS,
     LM_ARMS,
@@ -53,7 +54,7 @@ from .lm import (
 )
 from .lm_power import MODEL_SETTINGS, OVERRIDES, WARM_START_STEPS, run_seconds, start_eval
 from .lm_power import _with_start as _with_start_evals
-from .study import CONFIRM_FIRST_SEED, DFPO, Measure, Prediction, StudyResult
+from .study import CONFIRM_FIRST_SEED, Measure, Prediction, StudyResult
 
 #: The study's arms (``experiments.lm.LM_ARMS``): the paper's estimator without and with Min-Replace.
 ARMS = ("gspo_eq86", "dfpo_min_replace")
@@ -102,18 +103,15 @@ PREDICTIONS = (
     _pick("final_greedy_accuracy"),
     _pick("final_reward"),
     _pick("form_entropy_final"),
-    Prediction(
-        "DFPO's shared head drifts less from the warm start than the eq. 86 control's (the head's tokens "
-        "get a net-zero coefficient under DFPO, the control's residual pushes them)",
-        source=f"{DFPO}, Sec. 3.3; App. G (systematic drift of shared tokens)",
+    predict(
+        "head_drifts_less",
         measure="head_drift_abs",
         arm="dfpo_min_replace",
         baseline="gspo_eq86",
         direction="lower",
     ),
-    Prediction(
-        "DFPO's Min-Replace shrinks the weights, so the ratios trigger the clip less often than the control's",
-        source=f"{DFPO}, App. K.2-K.4",
+    predict(
+        "lm_clips_less_than_control",
         measure="clip_frac",
         arm="dfpo_min_replace",
         baseline="gspo_eq86",

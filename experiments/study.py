@@ -80,34 +80,6 @@ POWER = 0.8
 MIN_SEEDS = 5
 
 
-# sources the studies cite (by title and arXiv id): docs/papers.md is the one table of the papers, and
-# these strings follow it
-#: "Design Conditions for Intra-Group Learning of Sequence-Level Rewards: Token Gradient Cancellation".
-DFPO = "DFPO, 'Design Conditions for Intra-Group Learning of Sequence-Level Rewards' (arXiv 2604.13088)"
-#: The public review of DFPO: does the gain come from restored cancellation, or from smaller steps?
-REVIEW = "public review of DFPO (arXiv 2604.13088): the controlled ablation against the same estimator"
-#: "The Cancellation Hypothesis in Critic-Free RL: From Outcome Rewards to Token Credits" (arXiv 2605.08666).
-CANCEL = "cancellation-hypothesis paper, 'The Cancellation Hypothesis in Critic-Free RL' (arXiv 2605.08666)"
-#: "Do Not Let Low-Probability Tokens Over-Dominate in RL for LLMs".
-LOPTI = "Lopti, 'Do Not Let Low-Probability Tokens Over-Dominate in RL for LLMs' (arXiv 2505.12929)"
-DAPO = "DAPO (arXiv 2503.14476)"
-
-#: The sections the predictions cite, written once for every study (toy, frontier, language model).
-SRC_SPEED = f"{DFPO}, Sec. 4.5 Prediction 1 (eq. 19); Sec. 6 Table 2"
-SRC_JITTER = f"{DFPO}, Sec. 4.5 Prediction 2 (eq. 20-21); Sec. 6, Fig. 2"
-SRC_ACCURACY = f"{DFPO}, Sec. 4.5 Prediction 3 (eq. 22); Table 1"
-SRC_ENTROPY = (
-    f"{DFPO}, Prop. 3.1; Sec. 4.4; App. A.3 eq. 39-41 (entropy collapse between equivalent solutions)"
-)
-SRC_CONTROL = f"{REVIEW}; {DFPO}, App. K eq. 86"
-SRC_TAX = f"{DFPO}, Sec. 4.4; App. E, G (learning tax)"
-SRC_CANCEL = f"{DFPO}, Sec. 4.4 (eq. 17-18); App. B"
-SRC_GROUP_SIZE = f"{DFPO}, Sec. 6.2 Table 4"
-SRC_COUPLING = f"{DFPO}, eq. 13; App. A.2 eq. 38"
-SRC_SYMCLIP_SLOWER = f"{DFPO}, App. H.3 (eq. 79)"
-#: DFPO Sec. 6.1: the transform lowers eq. 24's energy on high-frequency token buckets (less learning tax).
-SRC_ENERGY = f"{DFPO}, Sec. 6.1 (eq. 24)"
-
 #: At most this many points per saved curve.
 CURVE_POINTS = 100
 
@@ -136,12 +108,13 @@ class Measure:
             )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Prediction:
     """A paper's prediction, stated as a paired comparison: ``arm``'s ``measure`` is ``direction``
     (``"lower"``/``"higher"``) than ``baseline``'s. ``claim`` says it in words, ``source`` cites it
     (paper and section). ``by_construction``: why the comparison is decided by how the arms are built
-    (shown as such, never counted as held or contradicted), or None."""
+    (shown as such, never counted as held or contradicted), or None. Built by keyword; the studies bind
+    theirs from the one table of claims (``experiments.claims.predict``)."""
 
     claim: str
     source: str
@@ -479,15 +452,10 @@ def _json_clean(x: Any, digits: int) -> Any:
 
 __all__ = [
     "BLOCKS",
-    "CANCEL",
     "CONFIRM_FIRST_SEED",
-    "DAPO",
-    "DFPO",
     "DIRECTIONS",
     "EXACT_MAX",
-    "LOPTI",
     "MIN_SEEDS",
-    "REVIEW",
     "TOL",
     "VERDICTS",
     "Measure",

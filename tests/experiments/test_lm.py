@@ -228,7 +228,7 @@ def test_the_smallest_slice_end_to_end(sweep, tmp_path):
     """The quick mode's smallest slice, run → save → report: a toy study and this sweep's studies become
     one REPORT.md through the command's ``--report-only`` path; 1-2 seeds give no verdict."""
     from experiments.__main__ import main
-    from experiments.toy import run_study
+    from experiments.toy_studies import run_study
 
     _, studies, _ = sweep
     out = tmp_path / "results"

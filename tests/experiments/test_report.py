@@ -49,10 +49,38 @@ def _study(**overrides) -> StudyResult:
             }
         },
         "predictions": [
-            Prediction("fast is faster", "made up, Sec. 1", "steps", "fast", "base", "lower"),
-            Prediction("fast is slower", "made up, Sec. 2", "steps", "fast", "base", "higher"),
-            Prediction("noisy is faster", "made up, Sec. 3", "steps", "noisy", "base", "lower"),
-            Prediction("fast ends higher", "made up, Sec. 4", "final", "fast", "base", "higher"),
+            Prediction(
+                claim="fast is faster",
+                source="made up, Sec. 1",
+                measure="steps",
+                arm="fast",
+                baseline="base",
+                direction="lower",
+            ),
+            Prediction(
+                claim="fast is slower",
+                source="made up, Sec. 2",
+                measure="steps",
+                arm="fast",
+                baseline="base",
+                direction="higher",
+            ),
+            Prediction(
+                claim="noisy is faster",
+                source="made up, Sec. 3",
+                measure="steps",
+                arm="noisy",
+                baseline="base",
+                direction="lower",
+            ),
+            Prediction(
+                claim="fast ends higher",
+                source="made up, Sec. 4",
+                measure="final",
+                arm="fast",
+                baseline="base",
+                direction="higher",
+            ),
         ],
         "notes": ["a note"],
     }
@@ -104,7 +132,7 @@ def _diff_study(
         name="toy_d", title="d", question="q", setting="s", baseline="a",
         arms={"a": {}, "b": {}}, measures=[Measure("m", "m", "lower", horizon)],
         per_seed={"a": {"m": {s: 0.0 for s in seeds}}, "b": {"m": dict(zip(seeds, d, strict=True))}},
-        predictions=[Prediction("b is lower", "made up", "m", "b", "a", "lower", by_construction=by_construction)],
+        predictions=[Prediction(claim="b is lower", source="made up", measure="m", arm="b", baseline="a", direction="lower", by_construction=by_construction)],
     )  # fmt: skip
 
 
@@ -161,11 +189,21 @@ def test_unknown_arm_measure_or_baseline_is_refused() -> None:
     with pytest.raises(ValueError, match="baseline 'nope'"):
         _study(baseline="nope")
     with pytest.raises(ValueError, match="unknown measure 'x'"):
-        _study(predictions=[Prediction("c", "s", "x", "fast", "base", "lower")])
+        _study(
+            predictions=[
+                Prediction(claim="c", source="s", measure="x", arm="fast", baseline="base", direction="lower")
+            ]
+        )
     with pytest.raises(ValueError, match="unknown arm 'ghost'"):
-        _study(predictions=[Prediction("c", "s", "steps", "ghost", "base", "lower")])
+        _study(
+            predictions=[
+                Prediction(
+                    claim="c", source="s", measure="steps", arm="ghost", baseline="base", direction="lower"
+                )
+            ]
+        )
     with pytest.raises(ValueError, match="`direction`"):
-        Prediction("c", "s", "steps", "fast", "base", "smaller")
+        Prediction(claim="c", source="s", measure="steps", arm="fast", baseline="base", direction="smaller")
 
 
 def test_json_round_trip_keeps_inf_and_nan(tmp_path) -> None:

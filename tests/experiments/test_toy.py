@@ -1,6 +1,7 @@
-"""``experiments.toy``: the toy studies' smallest slices run and round-trip through JSON, and their per-seed
-measures equal an independent computation (a plain loop over ``toymodel.simulate`` rows, Jitter₂'s
-formula by hand, samples = steps × G × groups), with common random numbers across the arms of a study."""
+"""``experiments.toy`` and ``experiments.toy_studies``: the toy studies' smallest slices run and round-trip
+through JSON, and their per-seed measures equal an independent computation (a plain loop over
+``toymodel.simulate`` rows, Jitter₂'s formula by hand, samples = steps × G × groups), with common random
+numbers across the arms of a study."""
 
 from __future__ import annotations
 
@@ -12,18 +13,16 @@ import torch
 
 from experiments.study import CONFIRM_FIRST_SEED, StudyResult
 from experiments.toy import (
-    STUDIES,
     THRESHOLD,
     Sizes,
     initial_values,
     measure_seed,
     result_path,
     run_arm,
-    run_study,
-    run_toy,
     template_drift,
     template_probs_of,
 )
+from experiments.toy_studies import STUDIES, run_study, run_toy
 from toymodel import get_scenario, simulate, simulate_seeds
 
 #: The smallest slice of a study: 2 seeds (per path), 12 steps, 1 seed of objective metrics.
