@@ -69,14 +69,16 @@ def register(name: str, params: type[ObjectiveParams] | None = None) -> Callable
     """Decorator: register an objective under ``name``, with its parameters' dataclass ``params``.
 
     The objective reads its parameters with ``take_params(name, params)`` (the defaults, the checks).
+    ``params`` itself is left unchanged: the registry holds a subclass of it whose ``objective`` is
+    ``name`` (so the same class registered for two objectives names each in its own messages).
     """
 
     def deco(fn: Objective) -> Objective:
         OBJECTIVES[name] = fn
         PARAMS.pop(name, None)
         if params is not None:
-            params.objective = name
-            PARAMS[name] = params
+            attrs = {"objective": name, "__module__": params.__module__, "__qualname__": params.__qualname__}
+            PARAMS[name] = type(params.__name__, (params,), attrs)
         return fn
 
     return deco

@@ -52,38 +52,62 @@ _LENGTH_NORM = meta("s = exp(mean_t log r), eq. 44 (True), or Π_t r, eq. 11/31 
 class ObjectiveParams:
     """Base of the per-objective parameter classes: coerces and checks every field (``__post_init__``)."""
 
-    #: the objective's registered name (``register`` sets it), for the error messages
+    #: the objective's registered name, for the error messages: ``register`` registers a subclass per
+    #: objective that sets it (the class it is given is left as it is)
     objective: ClassVar[str] = "<unregistered>"
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
-            value = _coerce(self.objective, f, getattr(self, f.name))
-            object.__setattr__(self, f.name, value)
-            check, choices = f.metadata.get("check"), f.metadata.get("choices")
-            if check is not None:
-                ok, why = check
-                if isinstance(value, Tensor):
-                    bad = ~ok(value.detach())
-                    if bool(bad.any()):
-                        row = int(bad.nonzero()[0, 0]) if bad.dim() else 0
-                        shown = float(value.detach().reshape(-1)[row]) if bad.dim() else float(value)
-                        raise ValueError(
-                            f"objective {self.objective!r} parameter `{f.name}` (one ε per row): {why} in every "
-                            f"row, got {shown!r} in row {row}"
-                        )
-                elif not ok(value):
-                    raise param_error(self.objective, f.name, value, why)
-            if choices is not None:
-                valid = choices() if callable(choices) else choices
-                if value not in valid:
-                    raise param_error(
-                        self.objective, f.name, value, f"unknown value; valid: {', '.join(valid)}"
-                    )
+            object.__setattr__(self, f.name, check_param(self.objective, f, getattr(self, f.name)))
+
+
+def check_param(objective: str, f: dataclasses.Field, value: Any) -> Any:
+    """``value`` of parameter field ``f`` of ``objective``, coerced to its type and checked (range, choices).
+
+    The one check of a parameter value: the dataclasses run it on every field, and ``toymodel.theory``'s
+    helpers on the values they take one at a time (``check_field``).
+    """
+    value = _coerce(objective, f, value)
+    check, choices = f.metadata.get("check"), f.metadata.get("choices")
+    if check is not None:
+        ok, why = check
+        if isinstance(value, Tensor):
+            bad = ~ok(value.detach())
+            if bool(bad.any()):
+                row = int(bad.nonzero()[0, 0]) if bad.dim() else 0
+                shown = float(value.detach().reshape(-1)[row]) if bad.dim() else float(value)
+                raise ValueError(
+                    f"objective {objective!r} parameter `{f.name}` (one ε per row): {why} in every "
+                    f"row, got {shown!r} in row {row}"
+                )
+        elif not ok(value):
+            raise param_error(objective, f.name, value, why)
+    if choices is not None:
+        valid = choices() if callable(choices) else choices
+        if value not in valid:
+            raise param_error(objective, f.name, value, f"unknown value; valid: {', '.join(valid)}")
+    return value
+
+
+def check_field(cls: type[ObjectiveParams], name: str, value: Any) -> Any:
+    """``check_param`` of the field ``name`` of ``cls`` (a registered class names its objective)."""
+    (f,) = (f for f in dataclasses.fields(cls) if f.name == name)
+    return check_param(cls.objective, f, value)
 
 
 def param_error(objective: str, name: str, value: Any, why: str) -> ValueError:
     """The one message of an invalid parameter value (the loss, the configs and the CLI all raise it)."""
     return ValueError(f"objective {objective!r} parameter `{name}`={value!r}: {why}")
+
+
+def strict_bool(value: Any) -> bool:
+    """``value`` if it is a real bool; ``TypeError`` otherwise (no truthiness: ``"false"``, 0, None are refused).
+
+    The one bool coercer of the objective parameters and of ``scaledrun.config``'s fields.
+    """
+    if not isinstance(value, bool):
+        raise TypeError("expected true or false")
+    return value
 
 
 def _coerce(objective: str, f: dataclasses.Field, value: Any) -> Any:
@@ -97,9 +121,16 @@ def _coerce(objective: str, f: dataclasses.Field, value: Any) -> Any:
         except (TypeError, ValueError):
             raise param_error(objective, f.name, value, "must be a number") from None
     if kind is bool:
-        return bool(value)
+        try:
+            return strict_bool(value)
+        except TypeError as err:
+            raise param_error(objective, f.name, value, str(err)) from None
     if kind is str:
-        return str(value)
+        if not isinstance(value, str):
+            choices = f.metadata.get("choices")
+            valid = f"; valid: {', '.join(choices() if callable(choices) else choices)}" if choices else ""
+            raise param_error(objective, f.name, value, f"expected a string{valid}")
+        return value
     return value  # pragma: no cover - every field today is a float, bool or str
 
 

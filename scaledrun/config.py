@@ -31,6 +31,7 @@ from cancellation.advantages import SCALES
 from cancellation.aggregation import aggregation_names
 from cancellation.batching import SPLIT_MODES
 from cancellation.objectives import objective_names, params_class
+from cancellation.params import strict_bool
 
 from .rewards import (
     HOW_TO_REGISTER,
@@ -148,13 +149,16 @@ class ObjectiveConfig:
                 bad(name, f"unknown value; valid: {', '.join(valid)}")
 
         choice("objective", objective_names())
-        # a parameter set for an objective that does not take it is a mistake, not something to ignore
-        if params_class(self.objective) is not None:
-            takes = objective_takes(self.objective)
-            for name, unset in OBJECTIVE_FIELDS.items():
-                if name not in takes and getattr(self, name) != unset:
-                    bad(name, f"objective {self.objective!r} does not take it (it takes: {', '.join(takes)})")
-            self.objective_param_values()  # the ranges and choices: the objective's dataclass checks them
+        # a parameter set for an objective that does not take it is a mistake, not something to ignore (also
+        # for an objective registered without a parameter class: it takes none of them)
+        takes = objective_takes(self.objective)
+        for name, unset in OBJECTIVE_FIELDS.items():
+            if name not in takes and getattr(self, name) != unset:
+                bad(
+                    name,
+                    f"objective {self.objective!r} does not take it (it takes: {', '.join(takes) or 'none'})",
+                )
+        self.objective_param_values()  # the ranges and choices: the objective's dataclass checks them
         if self.aggregation is not None:
             choice("aggregation", aggregation_names())
         if self.beta < 0:
@@ -721,9 +725,10 @@ def _coerce(name: str, value: Any) -> Any:
             raise ValueError(f"config field `{name}`={value!r}: expected a name or a list of names")
         return ",".join(value)
     if tp is bool:
-        if not isinstance(value, bool):
-            raise ValueError(f"config field `{name}`={value!r}: expected true or false")
-        return value
+        try:
+            return strict_bool(value)  # the objective parameters' bool coercer (cancellation.params)
+        except TypeError as err:
+            raise ValueError(f"config field `{name}`={value!r}: {err}") from None
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"config field `{name}`={value!r}: expected an integer")

@@ -301,3 +301,35 @@ def test_presets_fit_their_context_and_do_not_truncate_by_construction():
             # a thinking model needs thousands of tokens; the 16 of the tiny run would cut every completion
             assert cfg.max_new_tokens >= (4096 if thinking else 256), name
     assert {"qwen2.5-math-7b", "qwen3-8b"} <= set(PRESETS)
+
+
+def _loss_without_params(logp, old_logp, advantages, mask, group, *, aggregation="token-mean", **params):
+    raise AssertionError("not called")  # pragma: no cover
+
+
+def test_an_objective_without_a_params_class_refuses_every_objective_field():
+    """An objective registered without a parameter class takes none of them: `--epsilon_low 0.3` or
+    `--transform orth_proj` used to be dropped silently (the loss received {}); now refused by name."""
+    from cancellation.objectives import OBJECTIVES, PARAMS, register
+
+    register("scratch_no_params")(_loss_without_params)
+    try:
+        cfg = load_config(None, ["--objective", "scratch_no_params"])
+        assert cfg.objective_params() == {}  # nothing set: the loss gets no objective parameter
+        for option, value in (("epsilon_low", "0.3"), ("transform", "orth_proj"), ("stop_grad", "false")):
+            with pytest.raises(ValueError) as err:
+                load_config(None, ["--objective", "scratch_no_params", f"--{option}", value])
+            assert str(err.value).startswith(f"config field `{option}`=") and str(err.value).endswith(
+                "objective 'scratch_no_params' does not take it (it takes: none)"
+            )
+    finally:
+        OBJECTIVES.pop("scratch_no_params", None)
+        PARAMS.pop("scratch_no_params", None)
+
+
+def test_a_bool_field_takes_only_a_real_bool():
+    """The config's bool fields and the objective parameters share one coercer (``cancellation.params``)."""
+    for value in ("false", 0, 1):
+        with pytest.raises(ValueError) as err:
+            RunConfig(stop_grad=value)
+        assert str(err.value) == f"config field `stop_grad`={value!r}: expected true or false"
