@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from pathlib import Path
 
 import pytest
 import torch
@@ -28,8 +29,11 @@ from toymodel import __main__ as cli
 from toymodel import theory
 
 F64 = torch.float64
-#: the objectives this project ships; each must declare its parameters
-BUILT_IN = ("grpo", "grpo_symclip", "gspo", "dfpo")
+#: every registered objective with a parameter class (the registry, as imported: the shipped ones and any a
+#: module registers on import)
+WITH_PARAMS = tuple(PARAMS)
+#: those the toy theory has closed forms for
+WITH_CLOSED_FORM = tuple(n for n in WITH_PARAMS if n in theory._DEFAULTS)
 
 
 def _alternative(f: dataclasses.Field) -> object:
@@ -69,9 +73,11 @@ def _largest_change(a, b) -> float:
     return max(abs(a[0] - b[0]), float((a[1] - b[1]).abs().max()), *(abs(a[2][k] - b[2][k]) for k in a[2]))
 
 
-def test_every_built_in_objective_declares_its_parameters_with_one_line_of_doc_each():
-    assert set(BUILT_IN) <= set(OBJECTIVES)
-    for name in BUILT_IN:
+def test_every_registered_objective_declares_its_parameters_with_one_line_of_doc_each():
+    # the objectives this project ships all declare theirs
+    assert {"grpo", "grpo_symclip", "gspo", "dfpo"} <= set(WITH_PARAMS) <= set(OBJECTIVES)
+    assert set(theory._DEFAULTS) <= set(WITH_PARAMS)
+    for name in WITH_PARAMS:
         cls = params_class(name)
         assert cls is PARAMS[name] and issubclass(cls, ObjectiveParams) and cls.objective == name
         assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen
@@ -96,7 +102,7 @@ def test_defaults_are_the_papers():
     }  # fmt: skip
 
 
-@pytest.mark.parametrize("name", BUILT_IN)
+@pytest.mark.parametrize("name", WITH_PARAMS)
 def test_the_loss_uses_the_dataclass_defaults_when_a_parameter_is_left_out(name):
     """Loss, gradient and metrics with every parameter omitted == with the dataclass's defaults passed
     explicitly (float64, the same operations: equal to the bit), and each field is wired: another valid value
@@ -125,7 +131,7 @@ def test_dfpo_helpers_default_to_dfpos_parameters(fn):
         assert sig[key].default == default_params("dfpo")[key], key
 
 
-@pytest.mark.parametrize("name", BUILT_IN)
+@pytest.mark.parametrize("name", WITH_PARAMS)
 def test_runconfig_runs_the_dataclass_defaults(name):
     """``RunConfig`` (from the shipped YAML, as ``scaledrun.train`` loads it) takes exactly the dataclass's
     fields, runs its defaults when none is set, and passes a set one to the loss unchanged."""
@@ -152,7 +158,7 @@ def test_runconfig_has_one_field_per_parameter_and_its_unset_value_is_every_defa
             assert {default_params(o)[name] for o in PARAMS if name in default_params(o)} == {unset}
 
 
-@pytest.mark.parametrize("name", BUILT_IN)
+@pytest.mark.parametrize("name", WITH_CLOSED_FORM)
 def test_toy_theory_defaults_are_the_dataclass_defaults(name):
     assert theory._DEFAULTS[name] == default_params(name)
     assert theory._params(name, {}) == default_params(name)
@@ -161,9 +167,48 @@ def test_toy_theory_defaults_are_the_dataclass_defaults(name):
     assert theory.shared_prefix_closed_form(name, *args) == theory.shared_prefix_closed_form(
         name, *args, **default_params(name)
     )
+    # the closed forms' own aggregation is the loss's (its signature's default)
+    loss_default = inspect.signature(OBJECTIVES[name]).parameters["aggregation"].default
+    assert theory._DEFAULT_AGGREGATION[name] == loss_default
+    theory._params(name, {"aggregation": loss_default})  # accepted
+    other = next(a for a in ("token-mean", "seq-mean-token-mean") if a != loss_default)
+    with pytest.raises(ValueError, match=f"own aggregation '{loss_default}'"):
+        theory._params(name, {"aggregation": other})
 
 
-@pytest.mark.parametrize("name", BUILT_IN)
+#: the toy theory's clip helpers: the objective whose parameters each takes, and its keyword for each field
+THEORY_CLIP_HELPERS = [
+    (theory.clip_surrogate, "grpo", {"epsilon_low": "epsilon_low", "epsilon_high": "epsilon_high"}),
+    (theory.clip_coefficient, "grpo", {"epsilon_low": "epsilon_low", "epsilon_high": "epsilon_high"}),
+    (theory.symclip_coefficient, "grpo_symclip", {"epsilon": "epsilon"}),
+]
+
+
+@pytest.mark.parametrize(("fn", "name", "keywords"), THEORY_CLIP_HELPERS)
+def test_toy_theory_clip_helpers_default_to_and_check_with_the_dataclass(fn, name, keywords):
+    """The App. F/H helpers' ε defaults are the objective's, and an out-of-range ε is refused with the
+    dataclass's message (grpo's ε_low = 1.5 used to give 0.0 here while the loss refused it)."""
+    sig = inspect.signature(fn).parameters
+    for field, keyword in keywords.items():
+        assert sig[keyword].default == default_params(name)[field], keyword
+    args = (1.5,) if name == "grpo" else (1.5, [-1.0, 1.0])
+    for bad_name, field, value, why in BAD:
+        if bad_name != name or field not in keywords or not isinstance(value, float):
+            continue
+        with pytest.raises(ValueError) as err:
+            fn(*args, **{keywords[field]: value})
+        assert str(err.value) == str(_refusal(name, field, value)) and why in str(err.value)
+    # the same ε given explicitly as the default: the same value
+    assert fn(*args) == fn(*args, **{k: default_params(name)[f] for f, k in keywords.items()})
+
+
+def _refusal(name: str, field: str, value: object) -> ValueError:
+    with pytest.raises(ValueError) as err:
+        params_class(name)(**{field: value})
+    return err.value
+
+
+@pytest.mark.parametrize("name", WITH_PARAMS)
 def test_toy_cli_parses_every_parameter_and_runs_the_defaults(name):
     parser = cli.build_parser()
     args = parser.parse_args(["template_task", "--objective", name])
@@ -184,7 +229,7 @@ def test_toy_cli_parses_every_parameter_and_runs_the_defaults(name):
         assert f"{name} {value}" in help_text, (name, key)
 
 
-@pytest.mark.parametrize("name", ["grpo", "grpo_symclip", "gspo", "dfpo"])
+@pytest.mark.parametrize("name", WITH_PARAMS)
 def test_trl_plugin_resolves_the_dataclass_defaults(name, tmp_path):
     trl_plugin = pytest.importorskip("scaledrun.trl_plugin")
     args = trl_plugin.CancellationGRPOConfig(
@@ -203,6 +248,7 @@ def test_trl_plugin_resolves_the_dataclass_defaults(name, tmp_path):
 #: out-of-range values, with the one message of the dataclass's check
 BAD = [
     ("grpo", "epsilon_low", 1.5, "must be in [0, 1)"),
+    ("grpo", "epsilon_high", -0.2, "must be ≥ 0"),
     ("gspo", "epsilon_low", -0.1, "must be in [0, 1)"),
     ("dfpo", "epsilon_high", -0.5, "must be ≥ 0"),
     ("grpo_symclip", "epsilon", -0.1, "must be ≥ 0"),
@@ -242,3 +288,21 @@ def test_an_out_of_range_value_is_refused_with_one_message_everywhere(
             objective=name, **{field: value},
         )  # fmt: skip
     assert str(err.value) == message
+
+
+def test_the_about_page_shows_each_objectives_dataclass_defaults():
+    """The About page's objectives table (app/views/about.py) shows each objective's defaults as declared:
+    every ``field=default`` of its dataclass and the loss's own aggregation (it used to type them by hand)."""
+    from streamlit.testing.v1 import AppTest
+
+    page = Path(__file__).resolve().parents[1] / "app/views/about.py"
+    at = AppTest.from_file(str(page), default_timeout=60)
+    at.run()
+    assert not at.exception
+    (table,) = [t for t in at.table if "objective" in t.value.columns]
+    shown = dict(zip(table.value["objective"], table.value["defaults"], strict=True))
+    for name in WITH_PARAMS:
+        parts = shown[name].split(", ")
+        want = [f"{k}={v}" for k, v in default_params(name).items()]
+        aggregation = inspect.signature(OBJECTIVES[name]).parameters["aggregation"].default
+        assert parts == [*want, f"aggregation={aggregation}"], name

@@ -52,14 +52,15 @@ one ulp on the other side of the bound, where the coefficient jumps.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import torch
 
-from cancellation.objectives import ESTIMATORS, default_params, params_class, sign_aware_clip
-from cancellation.params import DfpoParams
+from cancellation.objectives import ESTIMATORS, OBJECTIVES, default_params, params_class, sign_aware_clip
+from cancellation.params import DfpoParams, GrpoParams, GrpoSymclipParams, check_field
 from cancellation.transforms import get_transform
 
 #: The shared-prefix toy's group size and trajectory length (App. A.2: τ1, τ2, three tokens each).
@@ -90,14 +91,14 @@ def _check_advantage(advantage: float) -> float:
     return a
 
 
-def _check_eps(epsilon_low: float | None, epsilon_high: float | None) -> tuple[float, float]:
-    """None means 'no clipping on that side'."""
-    lo = math.inf if epsilon_low is None else float(epsilon_low)
-    hi = math.inf if epsilon_high is None else float(epsilon_high)
-    if not lo >= 0.0 or not hi >= 0.0:
-        raise ValueError(
-            f"clip ranges must be ≥ 0, got epsilon_low={epsilon_low}, epsilon_high={epsilon_high}"
-        )
+def _check_eps(
+    epsilon_low: float | None, epsilon_high: float | None, objective: str = "grpo"
+) -> tuple[float, float]:
+    """The clip range, checked by ``objective``'s parameter class (one check, one message); None means
+    'no clipping on that side'."""
+    cls = params_class(objective)
+    lo = math.inf if epsilon_low is None else float(check_field(cls, "epsilon_low", epsilon_low))  # type: ignore[arg-type]
+    hi = math.inf if epsilon_high is None else float(check_field(cls, "epsilon_high", epsilon_high))  # type: ignore[arg-type]
     return lo, hi
 
 
@@ -276,7 +277,7 @@ def paper_estimator_coefficient(
     eq. 47, clipped or not), i.e. s̄_i·Â_i/(G·T) on each of its tokens (``length`` = T; 1 for the
     product weight). There is no kink: s̄ is continuous in s.
     """
-    lo, hi = _check_eps(epsilon_low, epsilon_high)
+    lo, hi = _check_eps(epsilon_low, epsilon_high, "gspo")
     w = [float(x) for x in weights]
     a = [float(x) for x in advantages]
     # DFPO eq. (47): s̄ = min(s, 1 + ε_high) for Â ≥ 0, max(s, 1 − ε_low) for Â < 0
@@ -333,11 +334,9 @@ def dfpo_shared_prefix_coefficient(
 _DEFAULTS: dict[str, dict[str, Any]] = {
     name: default_params(name) for name in ("grpo", "grpo_symclip", "gspo", "dfpo")
 }
+#: Each one's own aggregation, read from its loss's signature (the registry), as ``toymodel.batched`` does.
 _DEFAULT_AGGREGATION = {
-    "grpo": "token-mean",
-    "grpo_symclip": "token-mean",
-    "gspo": "seq-mean-token-mean",
-    "dfpo": "seq-mean-token-mean",
+    name: str(inspect.signature(OBJECTIVES[name]).parameters["aggregation"].default) for name in _DEFAULTS
 }
 
 
@@ -497,7 +496,10 @@ def _sp_weights(rho1: float, rho2: float, lam1: float, lam2: float, length_norm:
 
 
 def clip_surrogate(
-    w: float, advantage: float = 1.0, epsilon_low: float = 0.2, epsilon_high: float = 0.2
+    w: float,
+    advantage: float = 1.0,
+    epsilon_low: float = GrpoParams.epsilon_low,  # type: ignore[assignment]
+    epsilon_high: float = GrpoParams.epsilon_high,  # type: ignore[assignment]
 ) -> float:
     """C(w): the group's clipped surrogate Â1·min(w, ·) + Â2·min(w, ·) on a shared token (eq. 75/76).
 
@@ -517,7 +519,11 @@ def clip_surrogate(
 
 
 def clip_coefficient(
-    w: float, advantage: float = 1.0, epsilon_low: float = 0.2, epsilon_high: float = 0.2, norm: float = 1.0
+    w: float,
+    advantage: float = 1.0,
+    epsilon_low: float = GrpoParams.epsilon_low,  # type: ignore[assignment]
+    epsilon_high: float = GrpoParams.epsilon_high,  # type: ignore[assignment]
+    norm: float = 1.0,
 ) -> float:
     """Net ∂J/∂logp of the shared token: C(w)'s gradient along ∇log π, w·C'(w)/norm (eq. 75/76).
 
@@ -540,7 +546,7 @@ def clip_coefficient(
 
 
 def symclip_coefficient(
-    w: float, advantages: Sequence[float], epsilon: float = 0.2, norm: float = 1.0
+    w: float, advantages: Sequence[float], epsilon: float = GrpoSymclipParams.epsilon, norm: float = 1.0
 ) -> float:
     """App. H eq. (82): net ∂J/∂logp of a token shared by the group under GRPO-fix.
 
@@ -548,9 +554,7 @@ def symclip_coefficient(
     ∂φ/∂log w·Σ_i Â_i/norm = w·1[w ≤ 1 + ε]·Σ_i Â_i/norm: 0 whenever the advantages sum to 0.
     """
     _check_positive(w=w, norm=norm)
-    eps = float(epsilon)
-    if not eps >= 0.0:
-        raise ValueError(f"epsilon must be ≥ 0, got {epsilon}")
+    eps = check_field(params_class("grpo_symclip"), "epsilon", epsilon)  # type: ignore[arg-type]
     dphi = w if not w > 1.0 + eps else 0.0  # ∂φ(w)/∂log w, eq. (79)
     # DFPO eq. (82): φ'(r*)·(Σ_i Â_i)·∇log π
     return dphi * math.fsum(float(x) for x in advantages) / norm

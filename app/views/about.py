@@ -10,6 +10,7 @@ the tutorials are the jupytext ``.py`` notebooks found in
 
 from __future__ import annotations
 
+import inspect
 import re
 from pathlib import Path
 
@@ -17,11 +18,20 @@ import streamlit as st
 
 from app.common import page_header
 from cancellation.glossary import ESTIMATOR_DOCS, METER_DOCS, METRIC_DOCS
+from cancellation.objectives import OBJECTIVES, default_params
 from toymodel.glossary import ROW_DOCS
 from toymodel.simulate import ROW_KEYS
 
 #: the repository's tutorials folder (this file is app/views/about.py)
 TUTORIALS_DIR = Path(__file__).resolve().parents[2] / "tutorials"
+
+
+def objective_defaults(name: str) -> str:
+    """Objective ``name``'s defaults as the table shows them: its parameters' (``cancellation.params``, the
+    dataclass the loss reads) and its aggregation (the loss's own)."""
+    aggregation = inspect.signature(OBJECTIVES[name]).parameters["aggregation"].default
+    return ", ".join([*(f"{k}={v}" for k, v in default_params(name).items()), f"aggregation={aggregation}"])
+
 
 #: the objectives of ``cancellation.compute_loss``: name, per-token term, paper, defaults (README.md)
 OBJECTIVE_ROWS = [
@@ -29,22 +39,22 @@ OBJECTIVE_ROWS = [
         "objective": "grpo",
         "per-token term (before aggregation)": "min(r·A, clip(r, 1−ε_low, 1+ε_high)·A)",
         "paper": "GRPO, DAPO clip-higher; DFPO eq. (77)",
-        "defaults": "ε_low = ε_high = 0.2, token-mean",
+        "defaults": objective_defaults("grpo"),
     },
     {
         "objective": "grpo_symclip",
         "per-token term (before aggregation)": "A·clip(r, 0, 1+ε)",
         "paper": "GRPO-fix, DFPO App. H eq. (79)–(80)",
-        "defaults": "ε = 0.2, token-mean",
+        "defaults": objective_defaults("grpo_symclip"),
     },
     {
         "objective": "gspo",
         "per-token term (before aggregation)": (
-            "min(s·A, clip(s)·A), s = exp(mean_t log r), broadcast to the sequence's tokens"
+            "min(s·A, clip(s)·A), s = exp(mean_t log r) (length_norm=False: s = Π r, eq. 11), broadcast to the "
+            "sequence's tokens"
         ),
         "paper": 'DFPO eq. (42)–(44); estimator="paper": eq. (86)',
-        "defaults": 'ε = 3e-4 / 4e-4, seq-mean-token-mean, estimator="ppo_clip"; length_norm=False gives '
-        "s = Π r (eq. 11)",
+        "defaults": objective_defaults("gspo"),
     },
     {
         "objective": "dfpo",
@@ -52,7 +62,7 @@ OBJECTIVE_ROWS = [
             "value A·s̃, gradient s̃·A·∇log s (s̃ = transform(s̄) a constant, s̄ the sign-aware post-clip weight)"
         ),
         "paper": "DFPO eq. (16), (47), (50), (18), (51), (52)–(55), (68), (91)",
-        "defaults": 'transform="min_replace", estimator="paper", stop_grad=True, GSPO\'s ε',
+        "defaults": objective_defaults("dfpo"),
     },
 ]
 
