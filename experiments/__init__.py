@@ -4,7 +4,8 @@
 - ``toy``: the toy studies' runner: arms trained on the tabular toy over paired seeds, per-seed measures.
 - ``toy_studies``: the toy studies declared (arms, sizes, measures, predictions) and the commands that run them.
 - ``frontier``: ``toy_frontier``, every main arm at its own best step size.
-- ``lm``: the language-model sweep, the arms grid through the real trainer, one run folder per (arm, seed).
+- ``lm``: the language-model sweep's runner (one run folder per (arm, seed), the real trainer) and measures.
+- ``lm_studies``: the sweep declared (arms, grid sizes, predictions, limits).
 - ``lm_power``: the language-model study with power: each arm at its own learning rate, 30 fresh seeds.
 - ``lm_residual``: DFPO Min-Replace against the eq. 86 control where the control's residual is large.
 - ``study``: one study's results as data (arms, per-seed measures, curves, predictions), saved as JSON.

@@ -51,13 +51,9 @@ from pathlib import Path
 from typing import Any
 
 from .lm import (
-    ARM_LABELS,
-    BASE_CONFIG,
     DEFAULT_JOBS,
-    LM_ARMS,
     LOG_FILE,
     MA_WINDOW,
-    MAIN_PREDICTIONS,
     THRESHOLD_GAIN,
     RunOutcome,
     _mean,
@@ -70,6 +66,7 @@ from .lm import (
     probe_threshold,
     run_grid,
 )
+from .lm_studies import ARM_LABELS, BASE_CONFIG, LM_ARMS, MAIN_PREDICTIONS
 from .study import (
     CONFIRM_FIRST_SEED,
     Measure,
@@ -92,7 +89,7 @@ WARM_START_STEPS = 600
 OVERRIDES: dict[str, Any] = {
     "task": TASK, "num_train": 2000, "num_eval": 200, "eval_k": 8, "eval_every": 10, "save_every": 10,
 }  # fmt: skip
-#: The study's arms (``experiments.lm.LM_ARMS``).
+#: The study's arms (``experiments.lm_studies.LM_ARMS``).
 ARMS = ("gspo", "gspo_eq86", "dfpo_min_replace")
 #: The arms of the bigger-step setting.
 BIG_ARMS = ("gspo_eq86", "dfpo_min_replace")
@@ -131,7 +128,7 @@ QUICK = Sizes(probe_seeds=(0,), lrs=(2e-4,), seeds=2, big_seeds=2, steps=12)
 # --------------------------------------------------------------------------------------------------
 # predictions (fixed before the confirmation block ran)
 
-#: The predictions (measure, arm, baseline) of the main setting, taken from ``experiments.lm``'s one table:
+#: The predictions (measure, arm, baseline) of the main setting, taken from ``experiments.lm_studies``' one table:
 #: speed, held-out accuracy, equivalent-solution entropy at the last step (at matched reward it rests on
 #: the seeds where both arms reach the threshold, a selection on an outcome: in the first study 8 of 30),
 #: the residual DFPO's transform removes and eq. 24's energy. Jitter₂ of the sampled reward is left out (it measures the reward level

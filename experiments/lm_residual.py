@@ -41,9 +41,7 @@ from typing import Any
 from .claims import predict
 from .lm import (
     DEFAULT_JOBS,
-    LM_ARMS,
     MA_WINDOW,
-    MAIN_PREDICTIONS,
     THRESHOLD_GAIN,
     _model_note,
     ensure_model,
@@ -54,9 +52,10 @@ from .lm import (
 )
 from .lm_power import MODEL_SETTINGS, OVERRIDES, WARM_START_STEPS, run_seconds, start_eval
 from .lm_power import _with_start as _with_start_evals
+from .lm_studies import LM_ARMS, MAIN_PREDICTIONS
 from .study import CONFIRM_FIRST_SEED, Measure, Prediction, StudyResult
 
-#: The study's arms (``experiments.lm.LM_ARMS``): the paper's estimator without and with Min-Replace.
+#: The study's arms (``experiments.lm_studies.LM_ARMS``): the paper's estimator without and with Min-Replace.
 ARMS = ("gspo_eq86", "dfpo_min_replace")
 #: The setting's fields over ``lm_power.OVERRIDES``: ε 0.2 on both sides, α = 1 (no 1/|y|), evals every 20
 #: steps (3 per run, at steps 20, 40 and 60).

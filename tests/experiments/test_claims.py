@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments import frontier, lm, lm_power, lm_residual
+from experiments import frontier, lm, lm_power, lm_residual, lm_studies
 from experiments.claims import CLAIMS, predict
 from experiments.study import Prediction
 from experiments.toy_studies import STUDIES
@@ -26,8 +26,8 @@ def _registered() -> dict[str, tuple[Prediction, ...]]:
     """Every module-level tuple of predictions the studies register, by where it is declared."""
     out = {f"toy_studies.STUDIES[{name!r}]": s.predictions for name, s in STUDIES.items()}
     out["frontier.PREDICTIONS"] = frontier.PREDICTIONS
-    out["lm.MAIN_PREDICTIONS"] = lm.MAIN_PREDICTIONS
-    out["lm.ABLATION_PREDICTIONS"] = lm.ABLATION_PREDICTIONS
+    out["lm_studies.MAIN_PREDICTIONS"] = lm_studies.MAIN_PREDICTIONS
+    out["lm_studies.ABLATION_PREDICTIONS"] = lm_studies.ABLATION_PREDICTIONS
     out["lm_power.PREDICTIONS"] = lm_power.PREDICTIONS
     out["lm_power.BIG_PREDICTIONS"] = lm_power.BIG_PREDICTIONS
     out["lm_residual.PREDICTIONS"] = lm_residual.PREDICTIONS
@@ -100,8 +100,12 @@ def test_every_prediction_measure_and_arm_exist_in_its_study() -> None:
     for p in frontier.PREDICTIONS:
         assert p.measure in frontier.MEASURES and {p.arm, p.baseline} <= chosen, p.claim
     for group, arms, measures in (
-        (lm.MAIN_PREDICTIONS, set(lm.MAIN_ARMS), _lm_measures()),
-        (lm.ABLATION_PREDICTIONS, {*lm.ABLATION_ARMS, lm.ABLATION_BASELINE}, _lm_measures()),
+        (lm_studies.MAIN_PREDICTIONS, set(lm_studies.MAIN_ARMS), _lm_measures()),
+        (
+            lm_studies.ABLATION_PREDICTIONS,
+            {*lm_studies.ABLATION_ARMS, lm_studies.ABLATION_BASELINE},
+            _lm_measures(),
+        ),
         (lm_power.PREDICTIONS, set(lm_power.ARMS), _lm_measures(lm_power.START_MEASURES)),
         (lm_power.BIG_PREDICTIONS, set(lm_power.BIG_ARMS), _lm_measures(lm_power.START_MEASURES)),
         (
@@ -122,7 +126,7 @@ def test_the_toy_and_the_language_model_share_a_claim_in_their_own_words() -> No
         for p in toy
         if p.measure == "steps_to_threshold" and (p.arm, p.baseline) == ("dfpo_min_replace", "gspo")
     ]
-    (m,) = [p for p in lm.MAIN_PREDICTIONS if p.measure == "steps_to_threshold" and p.baseline == "gspo"
+    (m,) = [p for p in lm_studies.MAIN_PREDICTIONS if p.measure == "steps_to_threshold" and p.baseline == "gspo"
             and p.arm == "dfpo_min_replace"]  # fmt: skip
     assert t.claim == "DFPO Min-Replace reaches E[R] ≥ 0.9 in fewer steps than GSPO"
     assert m.claim == "DFPO Min-Replace reaches the reward threshold in fewer steps than GSPO"

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from experiments.lm import LM_ARMS, ensure_model, run_lm
+from experiments.lm import ensure_model, run_lm
+from experiments.lm_studies import LM_ARMS
 from experiments.study import StudyResult
 from scaledrun.rewards import REWARDS, register_reward
 
