@@ -23,6 +23,11 @@ from experiments import lm, lm_power
 from instruments import lm_credit
 from instruments.lm_credit import markdown_lm_credit, run_lm_credit
 
+#: The last line of the report section (``instruments.lm_credit.markdown_lm_credit``'s ``commands``).
+COMMANDS_TEXT = (
+    "Commands: `python -m experiments.lm_credit` (default), `python -m experiments.lm_credit --quick`; "
+    "tests: `python -m pytest -q tests/experiments/test_lm_credit.py`."
+)
 #: Default root: the power study's folder, whose ``model`` is the template_decoy warm start.
 DEFAULT_ROOT = Path("runs/experiments/power")
 
@@ -57,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:  # pragma: no cov
     result = run_lm_credit(
         model_folder(args.model), quick=args.quick, progress=lambda m: print(m, flush=True)
     )
-    print(markdown_lm_credit(result))
+    print(markdown_lm_credit(result, COMMANDS_TEXT))
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=1))
     return result

@@ -238,7 +238,9 @@ def markdown(result: Mapping[str, Any]) -> str:
     if "lm_credit" in result:
         from instruments.lm_credit import markdown_lm_credit
 
-        parts.append(_demote(markdown_lm_credit(result["lm_credit"])) + "\n")
+        from .lm_credit import COMMANDS_TEXT as LM_CREDIT_COMMANDS
+
+        parts.append(_demote(markdown_lm_credit(result["lm_credit"], LM_CREDIT_COMMANDS)) + "\n")
     cmds = sorted({COMMANDS[p] for p in PARTS if p in result})
     total = sum(float(v) for v in secs.values())
     parts.append(

@@ -1,8 +1,7 @@
 """Cancellation as hidden credit assignment on the tiny LM: the filter probes and the Monte Carlo token values.
 
 The paper: "The Cancellation Hypothesis in Critic-Free RL" (arXiv 2605.08666), Sec. 3.1–3.2, App. E.1–E.2.
-Everything runs on one checkpoint (a saved model folder; ``python -m experiments.lm_credit`` uses the
-``template_decoy`` warm start of ``experiments.lm_power``) and one fixed on-policy batch
+Everything runs on one checkpoint (a saved model folder, which the caller chooses) and one fixed on-policy batch
 (``instruments.coupling_lm.sample_lm_batch``); every update is one plain SGD ascent step on
 J = Σ_k c_k log π(y_k) over all parameters (``cancellation.coupling.sgd_step`` over ``batch.logp_fn("full")``),
 float64, and a token is *boosted* when its Δ log π > 0, *suppressed* when < 0.
@@ -50,9 +49,7 @@ for π > 0.95, and most tokens of this model have π > 0.99. ``max_prob=1.0`` sa
 
 Usage::
 
-    python -m experiments.lm_credit                  # the default run (the power study's model)
-    python -m experiments.lm_credit --quick          # a small smoke run
-    result = run_lm_credit(Path("runs/experiments/power/model"), quick=False)
+    result = run_lm_credit(Path("path/to/model"), quick=False)   # quick=True: a small smoke run
     print(markdown_lm_credit(result))
 """
 
@@ -922,7 +919,7 @@ def run_lm_credit(
     """§4a and §4b on one checkpoint (module docstring); a JSON-serialisable dict (NaN → None).
 
     ``folder``: a saved model folder (``instruments.coupling_lm.load_policy``: a model, a LoRA checkpoint or
-    a run folder; ``experiments.lm_credit.model_folder`` builds the power study's template_decoy warm start).
+    a run folder).
     ``settings``: a ``CreditSettings`` (its defaults when None); keyword ``fields`` override its fields by
     name (``run_lm_credit(folder, quick=True, k=4)``). ``progress``: called with a line per stage.
     Defaults (``quick``): ``n_tokens`` 48 (8) sampled tokens, ``k`` 64 (8) continuations per branch,
@@ -1235,8 +1232,9 @@ def findings(result: dict[str, Any]) -> list[str]:
     return out
 
 
-def markdown_lm_credit(result: dict[str, Any]) -> str:
-    """A report section: the settings, the §4a and §4b tables, what they show, the commands."""
+def markdown_lm_credit(result: dict[str, Any], commands: str = "") -> str:
+    """A report section: the settings, the §4a and §4b tables, what they show, then ``commands`` (the caller's
+    line naming the commands that produce it; left out when empty)."""
     s = result["settings"]
     sec = result["seconds"]
     return "\n".join(
@@ -1262,55 +1260,9 @@ def markdown_lm_credit(result: dict[str, Any]) -> str:
             "",
             f"Runtime: filter {sec['filter']:.1f} s, values {sec['values']:.1f} s, budget {sec['budget']:.1f} s, "
             f"total {sec['total']:.1f} s.",
-            "",
-            "Commands: `python -m experiments.lm_credit` (default), `python -m experiments.lm_credit --quick`; "
-            "tests: `python -m pytest -q tests/experiments/test_lm_credit.py`.",
+            *(["", commands] if commands else []),
         ]
     )
-
-
-def figures_lm_credit(result: dict[str, Any]) -> dict[str, Any]:
-    """Plotly figures: Fig. 5(b), Fig. 11 and Fig. 6 (gap with its 95% bootstrap interval)."""
-    import plotly.graph_objects as go
-
-    def line(xs: list[Any], rows: list[dict[str, Any]], name: str) -> Any:
-        ys = [r["gap"] for r in rows]
-        hi = [None if r["hi"] is None else r["hi"] - r["gap"] for r in rows]
-        lo = [None if r["lo"] is None else r["gap"] - r["lo"] for r in rows]
-        return go.Scatter(
-            x=xs,
-            y=ys,
-            name=name,
-            mode="lines+markers",
-            error_y=dict(type="data", array=hi, arrayminus=lo, symmetric=False),
-        )
-
-    figs = {}
-    f5b = go.Figure(line([100 * r["top_frac"] for r in result["fig5b"]], result["fig5b"], "gap"))
-    f5b.update_layout(
-        title="Fig. 5(b): value gap on the top-k% by entropy",
-        xaxis_title="top k (%)",
-        yaxis_title="boosted − suppressed value",
-    )
-    figs["fig5b"] = f5b
-    f11 = go.Figure(line([r["step"] for r in result["fig11"]], result["fig11"], "gap"))
-    f11.update_layout(
-        title="Fig. 11: value gap after n repeated GRPO steps",
-        xaxis_title="steps",
-        yaxis_title="boosted − suppressed value",
-    )
-    figs["fig11"] = f11
-    f6 = go.Figure()
-    for axis in ("group_size", "num_prompts"):
-        rows = [r for r in result["fig6"] if r["axis"] == axis]
-        f6.add_trace(line([r["rollouts"] for r in rows], [r["gap"] for r in rows], f"vary {axis}"))
-    f6.update_layout(
-        title="Fig. 6: value gap vs sampling budget",
-        xaxis_title="rollouts in the batch",
-        yaxis_title="boosted − suppressed value",
-    )
-    figs["fig6"] = f6
-    return figs
 
 
 __all__ = [
@@ -1322,7 +1274,6 @@ __all__ = [
     "batch_tasks",
     "class_stats",
     "displacement",
-    "figures_lm_credit",
     "filter_coefficients",
     "filter_probe",
     "gap_interval",

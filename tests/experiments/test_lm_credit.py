@@ -18,6 +18,7 @@ import torch
 
 from cancellation.coupling import counterfactual_value
 from cancellation.diagnostics import prefix_event_keys
+from experiments.lm_credit import COMMANDS_TEXT
 from instruments.coupling_lm import load_policy, sample_lm_batch
 from instruments.lm_credit import (
     FILTER_UPDATES,
@@ -351,7 +352,8 @@ def test_run_lm_credit_quick(folder):
     if pos and neg:
         assert control["gap"] == pytest.approx(sum(pos) / len(pos) - sum(neg) / len(neg), abs=1e-12)
     assert (control["n_boosted"], control["n_suppressed"]) == (len(pos), len(neg))
-    md = markdown_lm_credit(res)
+    md = markdown_lm_credit(res, COMMANDS_TEXT)
+    assert md.endswith("\n\n" + COMMANDS_TEXT) and markdown_lm_credit(res) == md[: -len(COMMANDS_TEXT) - 2]
     for head in (
         "§4a",
         "§4b",
