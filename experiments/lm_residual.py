@@ -110,7 +110,8 @@ PREDICTIONS = (
         direction="lower",
     ),
     predict(
-        "lm_clips_less_than_control",
+        "clips_less_than_control",
+        setting="language model, ε 0.2",
         measure="clip_frac",
         arm="dfpo_min_replace",
         baseline="gspo_eq86",

@@ -89,9 +89,9 @@ MAIN_PREDICTIONS = (
             measure="steps_to_threshold", arm="dfpo_min_replace", baseline="gspo_eq86", direction="lower"),
     predict("faster_than_control", variant="Orth-Proj", threshold="the threshold", measure="steps_to_threshold",
             arm="dfpo_orth_proj_pos", baseline="gspo_eq86", direction="lower"),
-    predict("smoother_lm", curve="sampled-reward", measure="jitter2_reward", arm="dfpo_min_replace",
+    predict("smoother_than_gspo", curve="sampled-reward", measure="jitter2_reward", arm="dfpo_min_replace",
             baseline="gspo", direction="lower"),
-    predict("smoother_lm", curve="eval-accuracy", measure="jitter2_eval_accuracy", arm="dfpo_min_replace",
+    predict("smoother_than_gspo", curve="eval-accuracy", measure="jitter2_eval_accuracy", arm="dfpo_min_replace",
             baseline="gspo", direction="lower"),
     predict("ends_higher_than_gspo", outcome="greedy accuracy", measure="final_greedy_accuracy",
             arm="dfpo_min_replace", baseline="gspo", direction="higher"),
@@ -130,9 +130,9 @@ ABLATION_PREDICTIONS = (
             baseline="dfpo_ppo_clip", direction="lower"),
     predict("ppo_clip_sequence_net", measure="sequence_net_residual", arm="dfpo_ppo_clip",
             baseline="dfpo_min_replace", direction="higher"),
-    predict("lm_query_group_shared", measure="group_shared_residual", arm="dfpo_min_replace",
+    predict("query_group_shared", objective="DFPO", measure="group_shared_residual", arm="dfpo_min_replace",
             baseline="dfpo_random_batching", direction="lower"),
-    predict("lm_query_faster", measure="steps_to_threshold", arm="dfpo_min_replace",
+    predict("query_faster", objective="DFPO", threshold="the threshold", measure="steps_to_threshold", arm="dfpo_min_replace",
             baseline="dfpo_random_batching", direction="lower"),
 )  # fmt: skip
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from experiments import frontier, lm, lm_power, lm_residual, lm_studies
-from experiments.claims import CLAIMS, predict
+from experiments.claims import CLAIMS, Claim, predict
 from experiments.study import Prediction
 from experiments.toy_studies import STUDIES
 
@@ -84,6 +84,39 @@ def test_no_claim_is_written_twice() -> None:
                     f"{path.name}:{node.lineno} builds a Prediction"
                 )
                 assert [k.arg for k in node.keywords] == [None], f"{path.name}:{node.lineno}"
+
+
+def _instances(claims: dict[str, Claim]) -> set[tuple[str, str]]:
+    """The pairs (a, b) of distinct names where claim a's sentence is an instance of claim b's pattern (b's
+    ``{fields}`` as wildcards; a's own fields, left as written, are words a wildcard can stand for)."""
+    patterns = {name: _pattern(c.text) for name, c in claims.items()}
+    return {(a, b) for a, ca in claims.items() for b in claims if a != b and patterns[b].fullmatch(ca.text)}
+
+
+#: Claims that fit another's pattern yet are different claims: Lopti's low-probability methods against
+#: GRPO (``{method}`` reaches ...) and DFPO against GRPO at each arm's best step size (the frontier).
+DISTINCT = {("best_faster_than_grpo", "low_prob_faster")}
+
+
+def test_no_claim_is_an_instance_of_another() -> None:
+    # a claim that another one states with a field filled in is the same claim typed twice: it is one
+    # entry, with a field for what differs
+    assert _instances(CLAIMS) == DISTINCT
+    for a, b in DISTINCT:
+        assert CLAIMS[a].source != CLAIMS[b].source, (a, b)
+
+
+def test_the_instance_check_finds_a_claim_typed_twice() -> None:
+    # two entries of the table before the claims were merged (issue 32), verbatim: the toy's Jitter₂ claim
+    # was the language model's with its curve filled in
+    before = {
+        "smoother_toy": Claim("DFPO's E[R] curve has lower Jitter₂ than GSPO's", "DFPO, Sec. 6"),
+        "smoother_lm": Claim("DFPO's {curve} curve has lower Jitter₂ than GSPO's", "DFPO, Sec. 6, Fig. 2"),
+        "sequence_net_vs_gspo": Claim("DFPO {variant}'s sequence-net residual is lower than GSPO's", "s"),
+    }
+    assert _instances(before) == {("smoother_toy", "smoother_lm")}
+    merged = {k: v for k, v in before.items() if k != "smoother_toy"}
+    assert _instances(merged) == set()
 
 
 def _lm_measures(*extra) -> set[str]:
