@@ -286,16 +286,16 @@ report_rows("toy_main", "equivalent-set entropy")
 #   GSPO runs at its own clip range, which silences most sequences after the first inner step (section
 #   5's first point): it takes several times as many steps to reach E[R] ≥ 0.9 and gets there along
 #   another path, which on this toy leaves more of the set's entropy at the matched step. That
-#   difference is large against the seeds' spread (Δ = −0.04828 nats, interval [−0.04968, −0.04688]
+#   difference is large against the seeds' spread (Δ = −0.04699 nats, interval [−0.04835, −0.04564]
 #   over 1024 seeds), so the test decides it, on the other side from the prediction. What it measures
 #   is GSPO's estimator (a clipped sequence gets no gradient), not sequence coupling: the comparison that
 #   holds the estimator fixed, DFPO against the eq. 86 control, is the held row, a difference of
-#   +9.79e-05 nats.
+#   +9.30e-05 nats.
 # * `toy_main` runs another toy, `template_task`: completions of one length whose equivalent set is
 #   the 243 template forms of the correct answer (about 4 nats of entropy), and whose template choices
 #   carry no reward, so nothing pushes the set in a systematic direction, only the noise of the
 #   updates (the learning tax). There GSPO's slower path leaves the entropy where DFPO's does up to
-#   the noise: Δ = +0.00491 nats with the interval [−0.007018, +0.01684] around 0, a difference smaller
+#   the noise: Δ = −0.001958 nats with the interval [−0.01256, +0.008641] around 0, a difference smaller
 #   than 1024 seeds resolve, so the prediction is neither held nor contradicted.
 #
 # The toy shows the *mechanism* exactly:
