@@ -15,6 +15,4 @@
 - ``token_level``: the report's token-level section, the ``instruments`` measurements collected into one file.
 - ``coupling``, ``coupling_lm``, ``lm_credit``: the command lines of those measurements
   (``python -m experiments.coupling`` ...), printed as the report's sections.
-- ``first_hour``: the README's first hour, measured as several machines would run it.
-- ``machines``: running as another CPU would (the instruction sets torch, MKL and oneDNN may use).
 """

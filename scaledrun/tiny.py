@@ -58,7 +58,7 @@ CHAT_TEMPLATE = (
 #: jumps from ~0.1 to ~0.8 within ~100 steps, at a step that moves with the CPU's kernels. 300 fixed steps
 #: (the old default) gave held-out greedy accuracy 0.79 with this CPU's AVX-512 kernels, 0.17 with AVX2 and
 #: 0.28 without SIMD, seed 0. Stopping at 0.5 (at most 1,500 steps), seeds 0-3 × those three instruction
-#: sets (``experiments/machines.py``), one thread: stopped at 220-340 steps in 11 of 12 builds (600 in
+#: sets (``tools/machines.py``), one thread: stopped at 220-340 steps in 11 of 12 builds (600 in
 #: one), held-out greedy accuracy 0.48-0.63, 10-50 s (``build_tiny(..., warm_start_steps=1500,
 #: stop_accuracy=0.5)``; the first hour's three models are in docs/first-hour.md). At most 600 steps
 #: (a 600-step LR schedule) reached 0.5 in only 3 of 7 such builds: the 1,500-step schedule keeps the LR

@@ -16,7 +16,7 @@ thread counts and CPU instruction sets, through these environment variables:
 - ``CANCELLATION_TEST_THREADS`` (default 1): torch's intra-op threads here and in the subprocesses the
   tests launch (``THREADS``);
 - ``ATEN_CPU_CAPABILITY``, ``MKL_ENABLE_INSTRUCTIONS``, ``ONEDNN_MAX_CPU_ISA``: read by torch, MKL and
-  oneDNN themselves; capping them (``experiments/machines.py``, e.g. at AVX2 on an AVX-512 machine)
+  oneDNN themselves; capping them (``tools/machines.py``, e.g. at AVX2 on an AVX-512 machine)
   runs the kernels another CPU would run.
 """
 

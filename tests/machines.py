@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from experiments.machines import INSTRUCTION_SETS
+from tools.machines import INSTRUCTION_SETS
 
 REPO = Path(__file__).resolve().parents[1]
 _AVX2, _NO_SIMD = INSTRUCTION_SETS["avx2"], INSTRUCTION_SETS["nosimd"]

@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("cancellation",),
     ("toymodel", "scaledrun", "plots"),
-    ("instruments",),
+    ("instruments", "tools"),
     ("experiments", "app"),
     ("tutorials", "benchmarks"),
 )

@@ -810,7 +810,7 @@ def test_readme_quick_commands_run(tmp_path):
 
 def test_the_first_hours_numbers_are_the_generated_ones():
     """Every number of the README's first hour comes from docs/first-hour.json (``python -m
-    experiments.first_hour``: three instruction sets × three seeds) or from the code it describes."""
+    tools.first_hour``: three instruction sets × three seeds) or from the code it describes."""
     import json
 
     from scaledrun.tiny import DEFAULT_STOP_ACCURACY, DEFAULT_WARM_START_STEPS, NUM_PROBE, STOP_CHECK_EVERY
@@ -857,4 +857,4 @@ def test_the_first_hours_numbers_are_the_generated_ones():
     assert below["clip_low_frac"] == pairs and fix["clip_low_frac"] == [0.0, 0.0]  # "0 by construction"
     assert all(d < 0 for d in diff["reward_first_quarter"] + diff["reward_last10"])  # "below" in every pair
     missing = [e for e in expected if e not in text]
-    assert not missing, f"the README's first hour does not say (python -m experiments.first_hour): {missing}"
+    assert not missing, f"the README's first hour does not say (python -m tools.first_hour): {missing}"

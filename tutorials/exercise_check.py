@@ -297,7 +297,16 @@ def _copied(args: tuple) -> tuple:
 
 #: The project's packages: an exercise asks you to write what they compute, so an answer may not call them
 #: (unless the exercise lists the name in ``allow``).
-PROJECT_PACKAGES = ("cancellation", "toymodel", "plots", "instruments", "scaledrun", "experiments", "app")
+PROJECT_PACKAGES = (
+    "cancellation",
+    "toymodel",
+    "plots",
+    "instruments",
+    "tools",
+    "scaledrun",
+    "experiments",
+    "app",
+)
 #: Names an answer never needs and that would reach around the exercise (the notebook's globals, other
 #: modules' contents, code run from strings).
 ALWAYS_REFUSED = (

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = ROOT / "scaledrun/configs/default.yaml"
 #: The mean sampled reward of the last quarter of the steps exceeds the first quarter's by at least this.
 #: Measured with this config (200 steps, 32 completions per step) on the default model (warm start stopped
-#: at greedy accuracy 0.5), training seeds 0-2 × three instruction sets (``experiments/machines.py``:
+#: at greedy accuracy 0.5), training seeds 0-2 × three instruction sets (``tools/machines.py``:
 #: native AVX-512, AVX2, no SIMD; one thread): gains 0.110 / 0.121 / 0.107 (native), 0.095 / 0.114 /
 #: 0.112 (AVX2), 0.106 / 0.089 / 0.113 (no SIMD), smallest 0.089; with lr 1e-7 (no learning) the gain is
 #: -0.009 to 0.018 on the three. The margin is about half the smallest gain and well above no learning.

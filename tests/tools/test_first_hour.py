@@ -1,4 +1,4 @@
-"""``python -m experiments.first_hour``: the measures of a run, the ranges and the generated page.
+"""``python -m tools.first_hour``: the measures of a run, the ranges and the generated page.
 
 The runs themselves are the trainer's (tested in tests/scaledrun); here the rows are written by hand so
 that every number the page prints can be checked against a plain computation.
@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from experiments import first_hour as fh
+from tools import first_hour as fh
 
 
 def _rows(reward_end: float, truncated_end: float, eval_end: float) -> list[dict[str, float]]:

@@ -4,7 +4,7 @@ Floating-point results differ between CPUs because they run different SIMD kerne
 orders): the tiny model's warm start and the tokens it samples then differ from machine to machine.
 These environment variables make this machine run the kernels of a CPU without AVX-512, or without any
 SIMD, so that such a difference shows here (``tests/machines.py`` reruns the sampling tests under them;
-``experiments/first_hour.py`` measures the README's first hour under them; its ``--collapse`` part shows
+``tools/first_hour.py`` measures the README's first hour under them; its ``--collapse`` part shows
 the same 300-step warm start ending at very different accuracies under each, docs/first-hour.md).
 """
 
