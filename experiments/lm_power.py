@@ -296,6 +296,18 @@ def _with_start(study: StudyResult, start: Mapping[int, Mapping[str, float]], k:
 # the study
 
 
+def study_model(
+    root: Path, model: str | None, warm_start_steps: int, say: Callable[[str], Any]
+) -> tuple[str, str]:
+    """(path, description) of the model a language-model study trains: ``model`` when given, else the
+    tiny ``template_decoy`` Qwen3 built (once) in ``root / "model"`` with ``warm_start_steps``."""
+    if model is not None:
+        return model, f"`{model}`"
+    path = ensure_model(root / "model", warm_start_steps=warm_start_steps, stop_accuracy=None,
+                        settings=MODEL_SETTINGS, progress=say)  # fmt: skip
+    return str(path), _model_note(root / "model")
+
+
 def run_power(
     root: Path,
     *,
@@ -322,12 +334,7 @@ def run_power(
     sizes = sizes or (QUICK if quick else FULL)
     root = Path(root).resolve()
     cfg = {**OVERRIDES, **dict(overrides or {})}
-    if model is None:
-        model_path = str(ensure_model(root / "model", warm_start_steps=warm_start_steps, stop_accuracy=None,
-                                      settings=MODEL_SETTINGS, progress=say))  # fmt: skip
-        model_desc = _model_note(root / "model")
-    else:
-        model_path, model_desc = model, f"`{model}`"
+    model_path, model_desc = study_model(root, model, warm_start_steps, say)
     steps = sizes.steps
 
     # 1. the learning-rate probe (the discovery block), extended ×2 while an arm's best lr is its largest

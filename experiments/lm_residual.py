@@ -43,14 +43,12 @@ from .lm import (
     DEFAULT_JOBS,
     MA_WINDOW,
     THRESHOLD_GAIN,
-    _model_note,
-    ensure_model,
     measure_grid,
     plan,
     probe_threshold,
     run_grid,
 )
-from .lm_power import MODEL_SETTINGS, OVERRIDES, WARM_START_STEPS, run_seconds, start_eval
+from .lm_power import OVERRIDES, WARM_START_STEPS, run_seconds, start_eval, study_model
 from .lm_power import _with_start as _with_start_evals
 from .lm_studies import LM_ARMS, MAIN_PREDICTIONS
 from .study import CONFIRM_FIRST_SEED, Measure, Prediction, StudyResult
@@ -175,12 +173,7 @@ def run_residual(
     sizes = sizes or (QUICK if quick else FULL)
     root = Path(root).resolve()
     cfg = {**OVERRIDES, **SETTING, **dict(overrides or {})}
-    if model is None:
-        model_path = str(ensure_model(root / "model", warm_start_steps=warm_start_steps, stop_accuracy=None,
-                                      settings=MODEL_SETTINGS, progress=say))  # fmt: skip
-        model_desc = _model_note(root / "model")
-    else:
-        model_path, model_desc = model, f"`{model}`"
+    model_path, model_desc = study_model(root, model, warm_start_steps, say)
     steps = sizes.steps
     grid = {a: {**LM_ARMS[a], "lr": LR} for a in ARMS}
     fresh = [CONFIRM_FIRST_SEED + i for i in range(sizes.seeds)]
