@@ -35,7 +35,10 @@ Resuming (``run_grid``)
     reported with the tail of its ``sweep.log`` and the sweep goes on. A finished run whose saved config
     differs from the sweep's in a field that changes the math (``scaledrun.rundir.config_differences``) is
     reported as failed, not reused: delete it or use another root. So a second ``run_lm`` on the same
-    root runs nothing new, and an interrupted one continues where it stopped.
+    root runs nothing new, and an interrupted one continues where it stopped. A run extended to more
+    ``steps`` keeps the steps it took, but its lr schedule follows the new length from there on (the
+    trainer's resume message says so): it is not a fresh run of that length, so a study starts in a root
+    of its own.
 
 Per-seed measures (``measure_run``; from each run's ``metrics.jsonl``, rows up to ``steps``)
     - ``steps_to_threshold``: the first step whose trailing mean of ``reward/mean`` over a full window of
@@ -461,7 +464,9 @@ def measure_defs(steps: int, threshold: float, k: int | str = "k") -> list[Measu
         ),
         "form_entropy_final": Measure("form_entropy_final", f"form entropy at step {steps}", "higher"),
         "form_entropy_at_threshold": Measure(
-            "form_entropy_at_threshold", f"form entropy at {thr} (first eval after)", "higher"
+            "form_entropy_at_threshold",
+            f"form entropy at {thr} (first eval after; the seeds that reach it only, a selection)",
+            "higher",
         ),
         "form_mass_final": Measure("form_mass_final", f"mass on the two forms at step {steps}", None),
         "form_logodds_final": Measure("form_logodds_final", f"form log-odds at step {steps}", None),

@@ -24,8 +24,9 @@ What runs (``FULL``; every run is ``scaledrun.train`` through ``experiments/conf
        ``choose_lr`` picks each arm's lr by a rule fixed here: the highest mean sampled reward over all
        steps (the area under the reward curve, so speed and level both count); lrs within
        ``LR_TIE_MARGIN`` of the best tie, and ties go to the smaller lr.
-       While an arm's best lr is the largest it tried, its probe doubles that lr (``next_lr``, at most
-       ``Sizes.extend`` times), so that its choice is bracketed.
+       While an arm's chosen lr is the largest it tried, its probe doubles that lr; while it is the
+       smallest, it halves it (``next_lr``, at most ``Sizes.extend`` times in all), so that the choice is
+       bracketed.
        The probe runs at the chosen lrs are the study's *discovery block*; they fix the speed threshold
        (their mean sampled reward of steps 1-10 + ``experiments.lm.THRESHOLD_GAIN``) before the
        confirmation block runs.
@@ -84,7 +85,7 @@ MODEL_SETTINGS = {"task": TASK, "seed": 0, "digits": 2, "ops": "+"}
 #: avg@8 ≈ 0.2; GSPO then reaches greedy ≈ 0.7 and avg@4 ≈ 0.37 within 60 RL steps.
 WARM_START_STEPS = 600
 #: Config fields every run of the study sets over ``lm_base.yaml``: 2,000 training prompts (RL cannot
-#: memorise them in 30 steps of 4 prompts, so the training reward tracks held-out behaviour), 200 held-out
+#: memorise them in 100 steps of 4 prompts, so the training reward tracks held-out behaviour), 200 held-out
 #: prompts and 8 samples each for avg@k (a per-run binomial SE ≤ √(0.25 / 1600) = 0.0125), evals every 10 steps.
 OVERRIDES: dict[str, Any] = {
     "task": TASK, "num_train": 2000, "num_eval": 200, "eval_k": 8, "eval_every": 10, "save_every": 10,
@@ -98,16 +99,18 @@ BIG_ARMS = ("gspo_eq86", "dfpo_min_replace")
 PROBE_LRS = (1e-4, 2e-4, 4e-4)
 #: The bigger-step setting's lr: this × the larger of the control's and DFPO's chosen lrs.
 BIG_STEP_FACTOR = 2.0
-#: ``choose_lr``'s tie margin (mean sampled reward): about the binomial standard error of a probe lr's
-#: mean over 2 seeds × 30 steps × 32 completions, √(0.25 / 1920) = 0.011. The first study chose GSPO's
-#: lr on 0.312 against 0.310, well inside that noise.
+#: ``choose_lr``'s tie margin (mean sampled reward). Set for the first study: the binomial standard error
+#: of a probe lr's mean over 2 seeds × 30 steps × 32 completions, √(0.25 / 1920) = 0.011; it chose GSPO's
+#: lr on 0.312 against 0.310, well inside that noise. At 100 steps the binomial part is 0.006, but two
+#: seeds' means at one lr differ by up to 0.025 (seed-to-seed variance), so 0.01 is no wider than the noise.
 LR_TIE_MARGIN = 0.01
 
 
 @dataclass(frozen=True)
 class Sizes:
     """How big the study runs: probe seeds and lrs, fresh seeds per arm (main and bigger steps), steps,
-    and how many times the probe may double an arm's largest lr while that lr is its best (``extend``)."""
+    and how many lrs the probe may add to an arm while its chosen lr is at an edge of those tried
+    (``extend``: ×2 the largest or ×½ the smallest)."""
 
     probe_seeds: tuple[int, ...]
     lrs: tuple[float, ...]
@@ -117,8 +120,8 @@ class Sizes:
     extend: int = 0
 
 
-#: ``make experiments``: 3 × 3 × 2 probe runs (more where an arm's best lr is its largest, at most 2
-#: doublings), 3 × 30 main runs, 2 × 30 bigger-step runs, 100 steps each (at 30, 16-22 of 30 seeds per arm
+#: ``make experiments``: 3 × 3 × 2 probe runs (more where an arm's chosen lr is at an edge of those tried,
+#: at most 2 added per arm), 3 × 30 main runs, 2 × 30 bigger-step runs, 100 steps each (at 30, 16-22 of 30 seeds per arm
 #: never reached the threshold: speed was censored, not tested).
 FULL = Sizes(probe_seeds=(0, 1), lrs=PROBE_LRS, seeds=30, big_seeds=30, steps=100, extend=2)
 #: ``--quick``: one probe lr and seed, two fresh seeds per arm, 12 steps (too few seeds for a verdict).
@@ -171,7 +174,9 @@ LIMITS = (
     "DFPO's benchmark accuracy (Table 1) or of long-reasoning behaviour; what RL learns here is mostly to "
     "leave the decoy, a choice made after a head every completion shares, which is where the papers place "
     "the cancellation effect but is a narrow case of it.",
-    "Each arm runs at the lr the probe chose for it (two seeds per lr, highest mean sampled reward); the "
+    f"Each arm runs at the lr the probe chose for it (two seeds per lr, the highest mean sampled reward; lrs "
+    f"within {LR_TIE_MARGIN} of it tie and a tie goes to the smaller lr; an arm whose choice is at an edge of "
+    "the lrs tried probes one step further, ×2 or ×½); the "
     "probe runs at those lrs are the discovery block, so its differences were seen before the confirmation "
     "block ran, the confirmation block's were not.",
     "Held-out measures are on each seed's own 200 eval prompts (the same prompts in every arm for a seed); "
@@ -233,13 +238,18 @@ def start_eval(
 
 
 def next_lr(rewards: Mapping[float, Sequence[float]], extended: int, max_extend: int) -> float | None:
-    """The next lr to probe, 2 × the largest, while the chosen lr (``choose_lr``) is the largest probed and
-    fewer than ``max_extend`` have been added (``extended``); None once the best is bracketed (or the
-    probe has a single lr: nothing to bracket)."""
+    """The next lr to probe while the chosen lr (``choose_lr``) sits at an edge of those probed: 2 × the
+    largest when it is the largest, ½ × the smallest when it is the smallest; at most ``max_extend`` added
+    (``extended`` so far). None once the best is bracketed (or the probe has a single lr: nothing to
+    bracket)."""
     if len(rewards) < 2 or extended >= max_extend:
         return None
-    top = max(rewards)
-    return 2.0 * top if choose_lr(rewards) == top else None
+    best = choose_lr(rewards)
+    if best == max(rewards):
+        return 2.0 * best
+    if best == min(rewards):
+        return 0.5 * best
+    return None
 
 
 def run_seconds(outcomes: Sequence[RunOutcome], jobs: int) -> float:
@@ -337,7 +347,7 @@ def run_power(
     model_path, model_desc = study_model(root, model, warm_start_steps, say)
     steps = sizes.steps
 
-    # 1. the learning-rate probe (the discovery block), extended ×2 while an arm's best lr is its largest
+    # 1. the learning-rate probe (the discovery block), extended (×2 or ×½) while an arm's best lr is at an edge
     lrs_of = {a: list(sizes.lrs) for a in ARMS}
     say(
         f"lr probe: {len(ARMS)} arms × lr {', '.join(f'{x:g}' for x in sizes.lrs)} × seeds {list(sizes.probe_seeds)}"
@@ -357,8 +367,9 @@ def run_power(
             break
         for a, lr in more.items():
             if lr is not None:
-                say(f"{a}: the best lr is the largest probed; probing {lr:g}")
-                lrs_of[a].append(lr)
+                edge = "largest" if lr > max(lrs_of[a]) else "smallest"
+                say(f"{a}: the chosen lr is the {edge} probed; probing {lr:g}")
+                lrs_of[a] = sorted([*lrs_of[a], lr])
     chosen = {a: choose_lr(rewards[a]) for a in ARMS}
     probe_lines = [
         f"{ARM_LABELS[a]}: " + ", ".join(f"lr {lr:g} → {_mean(v):.3f}" for lr, v in rewards[a].items())
@@ -397,7 +408,8 @@ def run_power(
 
     # the studies
     probe_note = (
-        "The lr probe (mean sampled reward over all steps, seeds "
+        f"The lr probe (mean sampled reward over all steps; within {LR_TIE_MARGIN} of the best is a tie, "
+        "which goes to the smaller lr; seeds "
         + f"{list(sizes.probe_seeds)}): "
         + "; ".join(probe_lines)
         + "."

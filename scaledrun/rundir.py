@@ -184,10 +184,13 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[s
     return out
 
 
-def check_resume_config(saved: dict[str, Any] | None, cfg: Any, checkpoint: Path) -> None:
-    """Refuse a checkpoint whose config differs from ``cfg`` in a field that changes the math."""
+def check_resume_config(saved: dict[str, Any] | None, cfg: Any, checkpoint: Path) -> str:
+    """Refuse a checkpoint whose config differs from ``cfg`` in a field that changes the math. Returns a
+    note for the resume message ("" if none): a run resumed with another ``steps`` keeps the steps it took,
+    but the lr schedule (warm-up and cosine decay, sized from ``steps``) follows the new length from there
+    on, so the result is not what a fresh run of that length gives."""
     if saved is None:
-        return
+        return ""
     diff = config_differences(saved, asdict(cfg))
     if diff:
         raise RunFolderError(
@@ -197,6 +200,13 @@ def check_resume_config(saved: dict[str, Any] | None, cfg: Any, checkpoint: Path
             + f"{Path(checkpoint).parent.parent / 'config.yaml'} --resume true), or start a new run in "
             "another --output_dir (or --overwrite true to replace this one)"
         )
+    before, now = saved.get("steps"), cfg.steps
+    if before is None or before == now:
+        return ""
+    return (
+        f"; steps {before} -> {now}: the lr schedule (warm-up, cosine decay) follows {now} steps from here on, "
+        f"its first steps followed {before}, so this is not the run a fresh {now}-step run would be"
+    )
 
 
 # ------------------------------------------------------------------------------------------------

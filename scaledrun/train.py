@@ -575,11 +575,11 @@ def _train(
     if cfg.resume:
         ckpt = latest_checkpoint(out_dir)
         if ckpt is not None:
-            check_resume_config(checkpoint_config(ckpt), cfg, ckpt)
+            note = check_resume_config(checkpoint_config(ckpt), cfg, ckpt)
             start, buffered, _ = load_checkpoint(accelerator, model, optimizer, scheduler, ckpt)
             if buffer is not None and buffered is not None:
                 buffer.push(buffered, buffered.advantages, buffered.group)
-            accelerator.print(f"resumed from {ckpt} (step {start})")
+            accelerator.print(f"resumed from {ckpt} (step {start}){note}")
         else:
             accelerator.print(f"--resume: no checkpoint in {out_dir}/checkpoints, starting from step 0")
     if accelerator.is_main_process:

@@ -22,7 +22,9 @@ from experiments.lm_power import (
     ARMS,
     BIG_ARMS,
     BIG_STEP_FACTOR,
+    FULL,
     LR_TIE_MARGIN,
+    PREDICTIONS,
     Sizes,
     choose_lr,
     next_lr,
@@ -58,8 +60,27 @@ def test_probe_extends_until_the_best_lr_is_bracketed():
     assert next_lr({**rising, 8e-4: [0.4]}, extended=1, max_extend=2) == 1.6e-3
     assert next_lr({**rising, 8e-4: [0.4], 1.6e-3: [0.5]}, extended=2, max_extend=2) is None  # at most 2
     assert next_lr({**rising, 8e-4: [0.1]}, extended=1, max_extend=2) is None  # bracketed: 4e-4 wins
-    assert next_lr({1e-4: [0.2], 2e-4: [0.1]}, extended=0, max_extend=2) is None
     assert next_lr({2e-4: [0.3]}, extended=0, max_extend=2) is None  # one lr: nothing to bracket
+
+
+def test_probe_extends_downwards_when_the_smallest_lr_is_chosen():
+    """The rerun's control and DFPO: 1e-4 best by far of 1e-4, 2e-4, 4e-4 (0.61, 0.58, 0.28): halve it."""
+    falling = {1e-4: [0.61], 2e-4: [0.58], 4e-4: [0.28]}
+    assert next_lr(falling, extended=0, max_extend=2) == 5e-5
+    assert next_lr({**falling, 5e-5: [0.62]}, extended=1, max_extend=2) == 2.5e-5  # still the smallest
+    assert next_lr({**falling, 5e-5: [0.62], 2.5e-5: [0.63]}, extended=2, max_extend=2) is None  # at most 2
+    assert next_lr({**falling, 5e-5: [0.5]}, extended=1, max_extend=2) is None  # bracketed: 1e-4 wins
+    # a tie with the smallest (within the margin) chooses the smallest, so the probe looks below it too
+    assert next_lr({1e-4: [0.605], 2e-4: [0.61], 4e-4: [0.3]}, extended=0, max_extend=2) == 5e-5
+    assert next_lr({1e-4: [0.2], 2e-4: [0.1]}, extended=0, max_extend=2) == 5e-5
+
+
+def test_the_full_study_is_sized_as_the_referee_asked():
+    """≥ 100 steps (at 30, 16-22 of 30 seeds per arm were censored), ≥ 30 fresh seeds, entropy at a fixed
+    step (at matched reward it is measured only on the seeds that reach the threshold, a selection)."""
+    assert FULL.steps >= 100 and FULL.seeds >= 30 and FULL.big_seeds >= 30
+    entropy = [p for p in PREDICTIONS if "entropy" in p.measure]
+    assert entropy and all(p.measure == "form_entropy_final" for p in entropy)
 
 
 def _rows(path: Path) -> list[dict]:

@@ -90,6 +90,44 @@ def test_resume_refuses_a_checkpoint_of_another_experiment(tmp_path):
         check_resume_config(saved, other, tmp_path)
 
 
+def test_resuming_with_other_steps_says_the_schedule_changes_length(tmp_path):
+    """The note is true: after loading the scheduler's state, the lr follows the new length's schedule
+    (DFPO App. I's warm-up + cosine decay to min_lr_ratio·lr, written out here), not the old one's."""
+    import math
+
+    import torch
+
+    from scaledrun.model import build_optimizer
+
+    saved = asdict(RunConfig(steps=10))
+    assert check_resume_config(saved, RunConfig(steps=10), tmp_path) == ""
+    note = check_resume_config(saved, RunConfig(steps=40), tmp_path)
+    assert "steps 10 -> 40" in note and "not the run a fresh 40-step run would be" in note
+
+    def closed_form(cfg, step):
+        warm = math.ceil(cfg.warmup_ratio * cfg.steps)
+        if step < warm:
+            return cfg.lr * step / warm
+        progress = (step - warm) / (cfg.steps - warm)
+        return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+    model = torch.nn.Linear(2, 1)
+    short, long = RunConfig(steps=10, lr=1e-3), RunConfig(steps=40, lr=1e-3)
+    opt, sched = build_optimizer(short, model)
+    for _ in range(6):
+        opt.step()
+        sched.step()
+    assert sched.get_last_lr()[0] == pytest.approx(closed_form(short, 6), rel=1e-12)
+    opt2, sched2 = build_optimizer(long, model)
+    opt2.load_state_dict(opt.state_dict())
+    sched2.load_state_dict(sched.state_dict())
+    opt2.step()
+    sched2.step()
+    got = sched2.get_last_lr()[0]
+    assert got == pytest.approx(closed_form(long, 7), rel=1e-12)
+    assert abs(got - closed_form(short, 7)) > 1e-5  # the old schedule would differ
+
+
 def test_a_cut_off_last_metrics_line_is_dropped_with_a_warning(tmp_path):
     rows = [{"step": s, "loss": 0.5 * s} for s in (1, 2, 3)]
     text = "".join(json.dumps(r) + "\n" for r in rows) + '{"step": 4, "lo'
