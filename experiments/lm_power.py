@@ -80,9 +80,10 @@ from .study import (
 TASK = "template_decoy"
 #: The tiny model's build settings (``scaledrun.tiny.build_tiny``).
 MODEL_SETTINGS = {"task": TASK, "seed": 0, "digits": 2, "ops": "+"}
-#: Supervised warm-start steps (fixed; see the module docstring). Measured on this machine (seed 0):
-#: held-out greedy accuracy 0.05 after 600 steps (greedy decoding mostly follows the decoy), sampled
-#: avg@8 ≈ 0.2; GSPO then reaches greedy ≈ 0.7 and avg@4 ≈ 0.37 within 60 RL steps.
+#: Supervised warm-start steps (fixed; see the module docstring). Measured here (seed 0): the first
+#: build's held-out greedy accuracy after 600 steps was 0.05, sampled avg@8 ≈ 0.25; the rebuild of
+#: 2026-11-28 (the committed report's) 0.16 and 0.43, inside the swing described above (greedy decoding
+#: mostly follows the decoy either way). GSPO then reaches greedy ≈ 0.88 and avg@8 ≈ 0.66 in 100 RL steps.
 WARM_START_STEPS = 600
 #: Config fields every run of the study sets over ``lm_base.yaml``: 2,000 training prompts (RL cannot
 #: memorise them in 100 steps of 4 prompts, so the training reward tracks held-out behaviour), 200 held-out
