@@ -373,7 +373,7 @@ def run_power(
                 lrs_of[a] = sorted([*lrs_of[a], lr])
     chosen = {a: choose_lr(rewards[a]) for a in ARMS}
     probe_lines = [
-        f"{ARM_LABELS[a]}: " + ", ".join(f"lr {lr:g} → {_mean(v):.3f}" for lr, v in rewards[a].items())
+        f"{ARM_LABELS[a]}: " + ", ".join(f"lr {lr:g} → {_mean(v):.4f}" for lr, v in rewards[a].items())
         + f" (chosen: {chosen[a]:g})"
         for a in ARMS
     ]  # fmt: skip
@@ -442,9 +442,9 @@ def run_power(
     big = measured.study(
         "lm_power_big_steps", list(BIG_ARMS), "gspo_eq86",
         f"Language model with bigger steps: the eq. 86 control and DFPO at lr {big_lr:g} on template_decoy",
-        f"With steps {BIG_STEP_FACTOR:g}× the larger of the two arms' chosen lrs, where the control's "
-        "group-shared residual is larger: does DFPO's transform then make it faster, more accurate and less "
-        "collapsed than the control?",
+        f"With steps {BIG_STEP_FACTOR:g}× the larger of the two arms' chosen lrs, which move the ratios "
+        "further from 1: does the control's group-shared residual grow, and does DFPO's transform then make "
+        "it faster, more accurate and less collapsed than the control?",
         BIG_PREDICTIONS, big_grid, steps, run_seconds(big_runs, jobs), block="confirmation",
         first_seed=CONFIRM_FIRST_SEED,
         labels={a: f"{ARM_LABELS[a]}, lr {big_lr:g}" for a in BIG_ARMS},
