@@ -776,9 +776,22 @@ def main(argv: list[str] | None = None) -> TrainResult:
     except (ValueError, FileNotFoundError) as err:  # every load_config error names what to fix
         usage_error(err)
     try:
-        return train(cfg, debug_dir=debug[-1] if debug else None, replay_dir=replay[-1] if replay else None)
+        result = train(cfg, debug_dir=debug[-1] if debug else None, replay_dir=replay[-1] if replay else None)
     except (RunFolderError, FileNotFoundError, DataError, LaunchError) as err:  # folder, model, data, launch
         usage_error(err)
+    close_process_group()
+    return result
+
+
+def close_process_group() -> None:
+    """Destroy the launch's process group before the interpreter exits (every rank has passed ``_train``'s
+    last barrier). Left to the interpreter's teardown, a gloo worker now and then aborts at exit ("terminate
+    called without an active exception", SIGABRT) after a finished run; the test workers close theirs the
+    same way. A no-op outside a launch."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

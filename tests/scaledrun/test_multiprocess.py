@@ -311,3 +311,18 @@ def test_ddp_config_file_launches(tiny_model, tmp_path):
     assert w[0].keys() == w[1].keys() and all(torch.equal(w[0][k], w[1][k]) for k in w[0])
     groups = [set(_load(dbg / f"rank{k}" / "step_000001_rollouts.pt").group.tolist()) for k in (0, 1)]
     assert len(groups[0]) == len(groups[1]) == 1 and not groups[0] & groups[1]
+
+
+def test_the_cli_closes_its_process_group(tmp_path):
+    """``scaledrun.train.main`` ends by destroying the launch's process group (``close_process_group``):
+    left to the interpreter's teardown, a gloo worker now and then aborted at exit after a finished run."""
+    import torch.distributed as dist
+
+    from scaledrun.train import close_process_group
+
+    close_process_group()  # outside a launch: a no-op
+    assert not dist.is_initialized()
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    assert dist.is_initialized()
+    close_process_group()
+    assert not dist.is_initialized()
