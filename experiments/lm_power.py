@@ -122,8 +122,8 @@ class Sizes:
 
 
 #: ``make experiments``: 3 × 3 × 2 probe runs (more where an arm's chosen lr is at an edge of those tried,
-#: at most 2 added per arm), 3 × 30 main runs, 2 × 30 bigger-step runs, 100 steps each (at 30, 16-22 of 30 seeds per arm
-#: never reached the threshold: speed was censored, not tested).
+#: at most 2 added per arm), 3 × 30 main runs, 2 × 30 bigger-step runs, 100 steps each (at 30, 16-22 of
+#: 30 seeds per arm never reached the threshold: speed was censored, not tested).
 FULL = Sizes(probe_seeds=(0, 1), lrs=PROBE_LRS, seeds=30, big_seeds=30, steps=100, extend=2)
 #: ``--quick``: one probe lr and seed, two fresh seeds per arm, 12 steps (too few seeds for a verdict).
 QUICK = Sizes(probe_seeds=(0,), lrs=(2e-4,), seeds=2, big_seeds=2, steps=12)
@@ -348,7 +348,7 @@ def run_power(
     model_path, model_desc = study_model(root, model, warm_start_steps, say)
     steps = sizes.steps
 
-    # 1. the learning-rate probe (the discovery block), extended (×2 or ×½) while an arm's best lr is at an edge
+    # 1. the learning-rate probe (the discovery block), extended (×2 or ×½) while an arm's choice is at an edge
     lrs_of = {a: list(sizes.lrs) for a in ARMS}
     say(
         f"lr probe: {len(ARMS)} arms × lr {', '.join(f'{x:g}' for x in sizes.lrs)} × seeds {list(sizes.probe_seeds)}"
